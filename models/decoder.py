@@ -1,0 +1,251 @@
+"""A small pre-norm decoder-only transformer that always takes explicit position ids.
+
+The positional *encoding* (how an id enters the model) lives here; *which* id each token gets is
+decided outside (models/positions.py), so every scheme of the study is encoding x ids.
+
+- nope:    no positional signal; causal masking alone.
+- learned: an absolute embedding table of `max_position` rows added to the token embedding.
+- rope:    rotary embedding of queries and keys by their ids (depends only on id differences).
+- alibi:   a per-head linear penalty -slope * |id_q - id_k| on attention logits (ids, not indices,
+           so coupled ids work; the absolute value because coupled ids need not be monotone).
+
+Predictive Position Coupling (PPC) adds a position head that predicts the id of the *next* token,
+either as an absolute id (classes 0..max_position-1) or as a delta from the current id.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+Encoding = Literal["nope", "learned", "rope", "alibi"]
+PositionTarget = Literal["absolute", "delta"]
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    max_position: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int | None = None  # default 4 * d_model
+    dropout: float = 0.0
+    encoding: Encoding = "learned"
+    position_head: bool = False  # PPC: predict the next token's position id
+    position_target: PositionTarget = "absolute"
+    rope_base: float = 10000.0
+
+    @property
+    def n_position_classes(self) -> int:
+        return self.max_position if self.position_target == "absolute" else 2 * self.max_position - 1
+
+
+# A per-layer cache of (keys, values, key position ids); keys are stored already rotated for rope.
+KVCache = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def rope_rotate(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate pairs of channels of x [B, H, T, D] by angles position_id * base^(-2i/D)."""
+    d = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    angles = position_ids[:, None, :, None].float() * inv_freq  # [B, 1, T, D/2]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Geometric slopes 2^(-8h/H) of Press et al. (2022)."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / n_heads) for h in range(n_heads)])
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        assert cfg.d_model % cfg.n_heads == 0, "d_model must be divisible by n_heads"
+        self.cfg = cfg
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool,
+        cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        if self.cfg.encoding == "rope":
+            q = rope_rotate(q, position_ids, self.cfg.rope_base)
+            k = rope_rotate(k, position_ids, self.cfg.rope_base)
+        key_ids = position_ids
+        if cache is not None:
+            k = torch.cat([cache[0], k], dim=2)
+            v = torch.cat([cache[1], v], dim=2)
+            key_ids = torch.cat([cache[2], position_ids], dim=1)
+        bias = mask
+        if self.cfg.encoding == "alibi":
+            dist = (position_ids[:, :, None] - key_ids[:, None, :]).abs().to(q.dtype)  # [B, Tq, Tk]
+            alibi = -self.slopes.to(q.dtype)[None, :, None, None] * dist[:, None]
+            bias = alibi if bias is None else bias + alibi
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, is_causal=causal, dropout_p=self.cfg.dropout if self.training else 0.0
+        )
+        return self.proj(y.transpose(1, 2).reshape(B, T, C)), (k, v, key_ids)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d_ff = cfg.d_ff or 4 * cfg.d_model
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, cfg.d_model))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, position_ids, mask, causal, cache):
+        a, new_cache = self.attn(self.ln1(x), position_ids, mask, causal, cache)
+        x = x + self.drop(a)
+        x = x + self.drop(self.mlp(self.ln2(x)))
+        return x, new_cache
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.max_position, cfg.d_model) if cfg.encoding == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.pos_head = nn.Linear(cfg.d_model, cfg.n_position_classes) if cfg.position_head else None
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        visible: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
+        """Logits [B, T, V], position logits [B, T, P] (PPC only) and the updated KV cache.
+
+        visible: optional bool [B, Tq, Tk] (True = may attend), combined with causal masking; Tk
+        counts cached keys too. It lets an analysis hide chosen context tokens from chosen queries.
+        """
+        B, T = tokens.shape
+        if self.pos_emb is not None and int(position_ids.max()) >= self.cfg.max_position:
+            raise ValueError(
+                f"position id {int(position_ids.max())} is beyond max_position {self.cfg.max_position}"
+            )
+        past = 0 if cache is None else cache[0][0].shape[2]
+        x = self.tok_emb(tokens)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(position_ids)
+        x = self.drop(x)
+        # Plain causal attention takes SDPA's fused is_causal path; anything else an additive mask.
+        causal = visible is None and past == 0 and self.cfg.encoding != "alibi"
+        mask = None if causal else self._attention_mask(B, T, past, visible, x.device, x.dtype)
+        new_cache: KVCache = []
+        for i, block in enumerate(self.blocks):
+            x, layer_cache = block(x, position_ids, mask, causal, None if cache is None else cache[i])
+            new_cache.append(layer_cache)
+        x = self.ln_f(x)
+        pos_logits = self.pos_head(x) if self.pos_head is not None else None
+        return self.lm_head(x), pos_logits, new_cache
+
+    @staticmethod
+    def _attention_mask(B, T, past, visible, device, dtype) -> torch.Tensor | None:
+        """Additive float mask [B, 1, T, past+T]: causal, and `visible` where given."""
+        if T == 1 and visible is None:
+            return None  # one new query sees every cached key
+        allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(diagonal=past)
+        allowed = allowed[None].expand(B, T, past + T)
+        if visible is not None:
+            allowed = allowed & visible
+        mask = torch.zeros(B, 1, T, past + T, dtype=dtype, device=device)
+        return mask.masked_fill(~allowed[:, None], float("-inf"))
+
+    # --- Predictive Position Coupling: targets and decoding of the position head -------------
+    def position_class(self, current_ids: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """The class the position head at a token should predict, given the next token's id."""
+        if self.cfg.position_target == "absolute":
+            return next_ids
+        return next_ids - current_ids + self.cfg.max_position - 1
+
+    def decode_position(self, pos_logits: torch.Tensor, current_ids: torch.Tensor) -> torch.Tensor:
+        """The next token's id from the head's argmax (inverse of position_class)."""
+        cls = pos_logits.argmax(-1)
+        if self.cfg.position_target == "absolute":
+            return cls
+        return (current_ids + cls - (self.cfg.max_position - 1)).clamp(0, self.cfg.max_position - 1)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+@torch.no_grad()
+def generate(
+    model: DecoderLM,
+    prompt: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    ids: Literal["sequential", "coupled", "predicted"],
+    oracle_ids: torch.Tensor | None = None,
+    use_cache: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batched greedy decoding. Returns (new tokens [B, G], the ids they were fed with [B, G]).
+
+    The id of each generated token: `sequential` continues from the last prompt id, `coupled` takes
+    the task's oracle id (oracle_ids [B, G]), `predicted` takes the position head's argmax at the
+    previous step (PPC). All prompts in the batch have the same length (one evaluation cell).
+    """
+    if ids == "coupled" and oracle_ids is None:
+        raise ValueError("ids='coupled' needs oracle_ids")
+    if ids == "predicted" and model.pos_head is None:
+        raise ValueError("ids='predicted' needs a model with a position head")
+    tokens, pos = prompt, prompt_ids
+    logits, pos_logits, cache = model(tokens, pos)
+    out_tokens, out_ids = [], []
+    for step in range(max_new_tokens):
+        next_tok = logits[:, -1].argmax(-1)
+        if ids == "sequential":
+            next_id = pos[:, -1] + 1
+        elif ids == "coupled":
+            next_id = oracle_ids[:, step]
+        else:
+            next_id = model.decode_position(pos_logits[:, -1], pos[:, -1])
+        if model.pos_emb is not None:
+            next_id = next_id.clamp(max=model.cfg.max_position - 1)
+        out_tokens.append(next_tok)
+        out_ids.append(next_id)
+        if step == max_new_tokens - 1:
+            break
+        if use_cache:
+            logits, pos_logits, cache = model(next_tok[:, None], next_id[:, None], cache=cache)
+            pos = next_id[:, None]
+        else:
+            tokens = torch.cat([tokens, next_tok[:, None]], dim=1)
+            pos = torch.cat([pos, next_id[:, None]], dim=1)
+            logits, pos_logits, _ = model(tokens, pos)
+    return torch.stack(out_tokens, 1), torch.stack(out_ids, 1)

@@ -1,0 +1,93 @@
+"""Which position id each token gets: the *ids* half of a positional scheme.
+
+Tasks supply coupled ids; a scheme decides what the model sees in training and at inference:
+
+| ids          | training                                        | inference (prompt / generated)  |
+|--------------|-------------------------------------------------|---------------------------------|
+| sequential   | 0..T-1                                          | 0..T-1 / continue               |
+| random_shift | 0..T-1 plus a random offset per sample          | 0..T-1 / continue               |
+| pose         | 0..T-1 cut into chunks with random skips (PoSE) | 0..T-1 / continue               |
+| coupled      | the task's ids (plus a random offset if shift)  | task's ids / task's (oracle)    |
+| predicted    | as coupled; the model also learns the next id   | task's ids / its own prediction |
+
+Offsets and skips keep every id below `max_position`, so ids up to the longest test length are
+trained even though training sequences are short (random shift as in position coupling, PoSE as in
+Zhu et al. 2024).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+IdScheme = Literal["sequential", "random_shift", "pose", "coupled", "predicted"]
+ID_SCHEMES: tuple[str, ...] = ("sequential", "random_shift", "pose", "coupled", "predicted")
+GenerationIds = Literal["sequential", "coupled", "predicted"]
+
+
+def uses_task_ids(scheme: IdScheme) -> bool:
+    return scheme in ("coupled", "predicted")
+
+
+def training_ids(
+    scheme: IdScheme,
+    coupled_ids: np.ndarray,
+    seq_len: np.ndarray,
+    max_position: int,
+    rng: np.random.Generator,
+    shift: bool = True,
+    pose_chunks: int = 2,
+) -> np.ndarray:
+    """Position ids [B, T] the model is trained with (padding positions are clamped in range)."""
+    B, T = coupled_ids.shape
+    seq = np.broadcast_to(np.arange(T), (B, T))
+    if scheme == "sequential":
+        ids = seq.copy()
+    elif scheme == "random_shift":
+        ids = seq + _offsets(max_position - seq_len, rng)[:, None]
+    elif scheme == "pose":
+        ids = seq + _pose_skips(seq_len, T, max_position, pose_chunks, rng)
+    elif scheme in ("coupled", "predicted"):
+        valid = seq < seq_len[:, None]
+        top = np.where(valid, coupled_ids, 0).max(axis=1)
+        ids = coupled_ids + (_offsets(max_position - 1 - top, rng)[:, None] if shift else 0)
+    else:
+        raise ValueError(f"ids: unknown scheme {scheme!r}; expected one of {ID_SCHEMES}")
+    return np.minimum(ids, max_position - 1).astype(np.int64)
+
+
+def inference_ids(scheme: IdScheme, coupled_ids: np.ndarray) -> np.ndarray:
+    """Prompt ids at evaluation: the task's ids for coupled schemes, else 0..T-1 (no shift, no skips)."""
+    if uses_task_ids(scheme):
+        return coupled_ids.astype(np.int64)
+    return np.broadcast_to(np.arange(coupled_ids.shape[1]), coupled_ids.shape).astype(np.int64)
+
+
+def generation_modes(scheme: IdScheme) -> list[GenerationIds]:
+    """How generated tokens get ids. PPC is reported both with its own ids and the oracle's."""
+    if scheme == "predicted":
+        return ["predicted", "coupled"]
+    if scheme == "coupled":
+        return ["coupled"]
+    return ["sequential"]
+
+
+def _offsets(room: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Uniform offsets in [0, room] per sample (room < 0 is treated as 0)."""
+    return rng.integers(0, np.maximum(room, 0) + 1)
+
+
+def _pose_skips(
+    seq_len: np.ndarray, T: int, max_position: int, chunks: int, rng: np.random.Generator
+) -> np.ndarray:
+    """PoSE: split each sequence into `chunks` pieces at random points; piece i is shifted by a
+    nondecreasing cumulative skip, the largest at most max_position - seq_len. Returns [B, T]."""
+    B = len(seq_len)
+    budget = np.maximum(max_position - seq_len, 0)
+    # chunk boundaries: chunks-1 sorted cut points in [1, seq_len)
+    cuts = np.sort(rng.integers(1, np.maximum(seq_len, 2)[:, None], size=(B, chunks - 1)), axis=1)
+    # cumulative skips: sorted draws in [0, budget], the first chunk also gets a random start
+    skips = np.sort(rng.integers(0, budget[:, None] + 1, size=(B, chunks)), axis=1)
+    chunk_of = (np.arange(T)[None, :, None] >= cuts[:, None, :]).sum(axis=2)  # [B, T]
+    return np.take_along_axis(skips, chunk_of, axis=1)

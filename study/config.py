@@ -1,0 +1,183 @@
+"""The trial config: one training run, validated before anything starts.
+
+Groups kept apart as in position-coupling's configs: task / positional scheme / model /
+optimisation / DeepSpeed / evaluation. Cross-field checks (k larger than the length, a test length
+whose ids exceed `max_position`) raise errors that name the field, so a bad config fails before a
+cluster is touched.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from itertools import product
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+import tasks
+from models import DecoderLM, ModelConfig
+from models.positions import IdScheme, uses_task_ids
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskSpec(Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class PositionalSpec(Strict):
+    encoding: Literal["nope", "learned", "rope", "alibi"] = "learned"
+    ids: IdScheme = "sequential"
+    max_position: int = Field(128, ge=2, description="ids are < max_position in training and test")
+    shift: bool = Field(True, description="random offset of coupled/predicted ids in training")
+    pose_chunks: int = Field(2, ge=1)
+    position_loss_weight: float = Field(1.0, ge=0, description="PPC: weight of the position head loss")
+    position_target: Literal["absolute", "delta"] = "absolute"
+
+    @property
+    def label(self) -> str:
+        return f"{self.encoding}+{self.ids}"
+
+
+class ModelSpec(Strict):
+    d_model: int = Field(128, ge=8)
+    n_layers: int = Field(2, ge=1)
+    n_heads: int = Field(4, ge=1)
+    d_ff: int | None = None
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelSpec":
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model {self.d_model}")
+        return self
+
+
+class OptimSpec(Strict):
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = Field(100, ge=0)
+    steps: int = Field(1000, ge=1)
+    batch_size: int = Field(64, ge=1, description="global batch, split over workers")
+    grad_clip: float = Field(1.0, ge=0)
+
+
+class DeepSpeedSpec(Strict):
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    bf16: bool = False
+
+
+class EvalSpec(Strict):
+    lengths: list[int] = Field(min_length=1, description="test lengths (the task's length axis)")
+    ks: list[int] | None = Field(None, description="k_test values; default: the task's train_k")
+    samples_per_cell: int = Field(128, ge=1)
+    batch_size: int = Field(128, ge=1)
+    val_samples: int = Field(256, ge=1, description="held-out in-distribution validation set")
+    every_steps: int = Field(100, ge=1, description="validate and report every N steps")
+
+
+class TrialConfig(Strict):
+    task: TaskSpec
+    positional: PositionalSpec = PositionalSpec()
+    model: ModelSpec = ModelSpec()
+    optim: OptimSpec = OptimSpec()
+    deepspeed: DeepSpeedSpec = DeepSpeedSpec()
+    eval: EvalSpec
+    seed: int = 0
+
+    @cached_property
+    def task_obj(self) -> tasks.Task:
+        return tasks.get_task(self.task.name, **self.task.params)
+
+    def build_task(self) -> tasks.Task:
+        return tasks.get_task(self.task.name, **self.task.params)
+
+    def build_model(self, vocab_size: int) -> DecoderLM:
+        p, m = self.positional, self.model
+        return DecoderLM(
+            ModelConfig(
+                vocab_size=vocab_size,
+                max_position=p.max_position,
+                d_model=m.d_model,
+                n_layers=m.n_layers,
+                n_heads=m.n_heads,
+                d_ff=m.d_ff,
+                dropout=m.dropout,
+                encoding=p.encoding,
+                position_head=p.ids == "predicted",
+                position_target=p.position_target,
+            )
+        )
+
+    def grid(self) -> list[tuple[int, int | None]]:
+        """Evaluation cells (length, k_test)."""
+        task = self.task_obj
+        if not task.uses_k:
+            return [(n, None) for n in self.eval.lengths]
+        ks = self.eval.ks or [task.train_k]
+        return list(product(self.eval.lengths, ks))
+
+    def ids_needed(self, length: int, k: int | None) -> int:
+        """Largest position id the model sees for this cell (+1 = the max_position it needs)."""
+        task = self.task_obj
+        if uses_task_ids(self.positional.ids):
+            return task.max_position_id(length, k)
+        return task.max_seq_len(length, k) - 1
+
+    @model_validator(mode="after")
+    def _check_task_and_grid(self) -> "TrialConfig":
+        try:
+            task = self.task_obj
+        except tasks.TaskParamError as e:
+            field = "task.name" if e.param == "name" else f"task.params.{e.param}"
+            raise ValueError(f"{field}: {e}") from None
+        max_pos = self.positional.max_position
+        train_k = task.train_k if task.uses_k else None
+        need = self.ids_needed(task.train_length, train_k)
+        if need >= max_pos:
+            raise ValueError(
+                f"task.params.train_length: training sequences need position id {need}, "
+                f"but positional.max_position is {max_pos}"
+            )
+        for length, k in self.grid():
+            try:
+                task.check(length, k)
+            except tasks.TaskParamError as e:
+                field = {"k": "eval.ks", "length": "eval.lengths"}.get(e.param, f"eval ({e.param})")
+                raise ValueError(f"{field}: {e}") from None
+            need = self.ids_needed(length, k)
+            if need >= max_pos:
+                raise ValueError(
+                    f"eval.lengths: test length {length} needs position id {need}, beyond "
+                    f"positional.max_position {max_pos}; raise max_position or drop the length"
+                )
+        return self
+
+
+def load_trial_config(path: str) -> TrialConfig:
+    import yaml
+
+    with open(path) as f:
+        return TrialConfig.model_validate(yaml.safe_load(f))
+
+
+def describe_errors(error: Exception) -> str:
+    """One line per problem, each starting with the dotted field it is about."""
+    from pydantic import ValidationError
+
+    if not isinstance(error, ValidationError):
+        return str(error)
+    lines = []
+    for e in error.errors():
+        field = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if field and re.match(r"[\w.]+: ", msg):  # our validators name the sub-field themselves
+            lines.append(f"{field}.{msg}")
+        else:
+            lines.append(f"{field}: {msg}" if field else msg)
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""Loss, in-distribution validation and the length-extrapolation grid.
+
+- `next_token_loss`: the training objective (answer/scratchpad tokens only, plus the PPC head).
+- `validate`: teacher-forced on a held-out in-distribution set with inference ids. Its `val_exact`
+  (every target token right, and under PPC every predicted id right) equals greedy-generation exact
+  match, at the cost of one forward pass, so it is the cheap objective a sweep selects on.
+- `evaluate_grid`: greedy generation with a KV cache on every (length, k_test) cell, one tidy
+  record per cell and id mode; PPC is reported with its own ids and with the oracle's.
+
+Every rank evaluates its own shard and the counts are summed, so evaluation also runs (and must run
+on every rank) under ZeRO-3, whose forward passes are collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from models import DecoderLM, generate, generation_modes, inference_ids
+from models.positions import IdScheme
+from tasks import Batch, Task
+
+
+@dataclass
+class Tensors:
+    """A task batch on the device, with the ids the model sees."""
+
+    tokens: torch.Tensor
+    ids: torch.Tensor
+    loss_mask: torch.Tensor
+    answer_mask: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: Batch, ids: np.ndarray, device: torch.device) -> "Tensors":
+        def t(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        return cls(t(batch.tokens), t(ids), t(batch.loss_mask), t(batch.answer_mask))
+
+
+def next_token_loss(
+    model, module: DecoderLM, x: Tensors, position_loss_weight: float
+) -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, torch.Tensor | None]]:
+    """Cross-entropy on target tokens; under PPC plus the weighted loss of the next-id head.
+
+    `model` is what is called (a DeepSpeed engine or the module itself); `module` the DecoderLM.
+    Returns the loss, its parts, and the logits (for accuracy without a second pass).
+    """
+    logits, pos_logits, _ = model(x.tokens[:, :-1], x.ids[:, :-1])
+    mask = x.loss_mask[:, 1:]
+    lm_loss = F.cross_entropy(logits[mask].float(), x.tokens[:, 1:][mask])
+    parts = {"lm_loss": lm_loss.item()}
+    loss = lm_loss
+    if pos_logits is not None:
+        target = module.position_class(x.ids[:, :-1], x.ids[:, 1:])
+        pos_loss = F.cross_entropy(pos_logits[mask].float(), target[mask])
+        loss = loss + position_loss_weight * pos_loss
+        parts["pos_loss"] = pos_loss.item()
+    parts["loss"] = loss.item()
+    return loss, parts, (logits, pos_logits)
+
+
+def _all_sum(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+@torch.no_grad()
+def validate(
+    model, module: DecoderLM, batches: list[Batch], scheme: IdScheme, position_loss_weight: float, device
+) -> dict[str, float]:
+    """Teacher-forced metrics on held-out training-distribution batches (this rank's shard)."""
+    was_training = module.training
+    module.eval()
+    loss_sum = tok_right = tok_n = seq_right = ans_right = n = 0.0
+    for batch in batches:
+        x = Tensors.of(batch, inference_ids(scheme, batch.position_ids), device)
+        loss, _, (logits, pos_logits) = next_token_loss(model, module, x, position_loss_weight)
+        mask, ans = x.loss_mask[:, 1:], x.answer_mask[:, 1:]
+        right = logits.argmax(-1) == x.tokens[:, 1:]
+        if pos_logits is not None:  # PPC: the id it would feed back must be right too
+            right_ids = module.decode_position(pos_logits, x.ids[:, :-1]) == x.ids[:, 1:]
+            seq_ok = ((right & right_ids) | ~mask).all(1)
+        else:
+            seq_ok = (right | ~mask).all(1)
+        loss_sum += loss.item() * len(batch)
+        tok_right += (right & mask).sum().item()
+        tok_n += mask.sum().item()
+        seq_right += seq_ok.sum().item()
+        ans_right += (right | ~ans).all(1).sum().item()
+        n += len(batch)
+    module.train(was_training)
+    loss_sum, tok_right, tok_n, seq_right, ans_right, n = _all_sum(
+        [loss_sum, tok_right, tok_n, seq_right, ans_right, n], device
+    )
+    return {
+        "val_loss": loss_sum / n,
+        "val_token_acc": tok_right / tok_n,
+        "val_exact": seq_right / n,
+        "val_answer_acc": ans_right / n,
+    }
+
+
+@torch.no_grad()
+def evaluate_cell(
+    module: DecoderLM, task: Task, scheme: IdScheme, length: int, k: int | None,
+    samples: int, batch_size: int, rng: np.random.Generator, device,
+) -> list[dict]:
+    """Greedy generation on one (length, k) cell; one record per generation id mode."""
+    was_training = module.training
+    module.eval()
+    modes = generation_modes(scheme)
+    counts = {m: np.zeros(4) for m in modes}  # answer right, exact, ids right, n
+    done = 0
+    while done < samples:
+        batch = task.sample(min(batch_size, samples - done), rng, length=length, k=k)
+        done += len(batch)
+        P = int(batch.prompt_len[0])
+        assert (batch.prompt_len == P).all() and (batch.seq_len == batch.seq_len[0]).all()
+        G = int(batch.seq_len[0]) - P
+        tokens = torch.from_numpy(batch.tokens).to(device)
+        ids = torch.from_numpy(inference_ids(scheme, batch.position_ids)).to(device)
+        oracle = torch.from_numpy(batch.position_ids[:, P:]).to(device)
+        target, ans = tokens[:, P:], torch.from_numpy(batch.answer_mask[:, P:]).to(device)
+        for mode in modes:
+            out, out_ids = generate(
+                module, tokens[:, :P], ids[:, :P], G, mode, oracle_ids=oracle if mode == "coupled" else None
+            )
+            right = out == target
+            counts[mode] += [
+                (right | ~ans).all(1).sum().item(),
+                right.all(1).sum().item(),
+                (out_ids == oracle).all(1).sum().item(),
+                len(batch),
+            ]
+    module.train(was_training)
+    records = []
+    for mode in modes:
+        ans_right, exact, ids_right, n = _all_sum(list(counts[mode]), device)
+        rec = {"length": length, "k": k, "ids": mode, "answer_acc": ans_right / n,
+               "exact_match": exact / n, "n": int(n)}
+        if mode == "predicted":
+            rec["id_match"] = ids_right / n
+        records.append(rec)
+    return records
+
+
+def evaluate_grid(
+    module: DecoderLM, task: Task, scheme: IdScheme, cells: list[tuple[int, int | None]],
+    samples_per_cell: int, batch_size: int, seed: int, rank: int, world_size: int, device,
+) -> list[dict]:
+    """All cells; each rank draws its own samples (seeded by cell and rank) and counts are summed."""
+    per_rank = -(-samples_per_cell // world_size)
+    records = []
+    for length, k in cells:
+        rng = np.random.default_rng([seed, 7919, length, -1 if k is None else k, rank])
+        for rec in evaluate_cell(module, task, scheme, length, k, per_rank, batch_size, rng, device):
+            rec["in_distribution"] = length <= task.train_length and (k is None or k <= task.train_k)
+            records.append(rec)
+    return records

@@ -1,0 +1,175 @@
+"""One trial: build task, model and DeepSpeed engine, train, validate, evaluate the length grid.
+
+`train_loop_per_worker(config)` is the only training loop. It runs unchanged in-process
+(`python -m study.train CONFIG.yaml`, world size 1), under Ray Train local mode, and on N Ray Train
+workers (ZeRO shards over them); what differs is the `Session` it reports to (study/session.py).
+
+Data are a pure function of (seed, rank, step), so a run resumed from a checkpoint sees the same
+batches it would have seen, and the same config and seed give the same metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+from models import generation_modes, training_ids
+from study.config import TrialConfig, describe_errors, load_trial_config
+from study.evaluate import Tensors, evaluate_grid, next_token_loss, validate
+from study.session import Session, current_session, setup_distributed
+
+
+def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
+    o = cfg.optim
+    if o.batch_size % world_size:
+        raise ValueError(f"optim.batch_size: {o.batch_size} is not divisible by {world_size} workers")
+    return {
+        "train_batch_size": o.batch_size,
+        "train_micro_batch_size_per_gpu": o.batch_size // world_size,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "torch_adam": True},
+        },
+        "scheduler": {
+            "type": "WarmupCosineLR",
+            "params": {
+                "total_num_steps": o.steps,
+                "warmup_num_steps": max(1, o.warmup_steps),
+                "warmup_type": "linear",
+                "warmup_min_ratio": 0.0,
+                "cos_min_ratio": 0.1,
+            },
+        },
+        "gradient_clipping": o.grad_clip,
+        "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
+        "bf16": {"enabled": cfg.deepspeed.bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
+    """Flat summary of the grid for the primary id mode (PPC: its own predicted ids)."""
+    primary = generation_modes(cfg.positional.ids)[0]
+    rows = [r for r in records if r["ids"] == primary]
+    inside = [r for r in rows if r["in_distribution"]]
+    beyond = [r for r in rows if r["length"] > cfg.task_obj.train_length]
+    mean = lambda rs, key: float(np.mean([r[key] for r in rs])) if rs else float("nan")  # noqa: E731
+    return {
+        "acc_in_dist": mean(inside, "answer_acc"),
+        "acc_beyond": mean(beyond, "answer_acc"),
+        "exact_in_dist": mean(inside, "exact_match"),
+        "exact_beyond": mean(beyond, "exact_match"),
+    }
+
+
+def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = None) -> dict:
+    """Train and evaluate one trial. Returns {"metrics": final metrics, "records": grid records}."""
+    cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
+    session = session or current_session()
+    import deepspeed
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    rank, world, device = setup_distributed()
+    task = cfg.build_task()
+    torch.manual_seed(cfg.seed)
+    model = cfg.build_model(len(task.vocab))
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=deepspeed_config(cfg, world)
+    )
+    pos, w = cfg.positional, cfg.positional.position_loss_weight
+    micro = cfg.optim.batch_size // world
+
+    # held-out in-distribution set: a different stream from training, sharded over ranks
+    val_rng = np.random.default_rng([cfg.seed, 104729, rank])
+    n_val, bs = -(-cfg.eval.val_samples // world), cfg.eval.batch_size
+    val_batches = [task.sample(min(bs, n_val - i), val_rng) for i in range(0, n_val, bs)]
+
+    start = 0
+    with session.restore_dir() as ckpt:
+        if ckpt is not None:
+            _, client = engine.load_checkpoint(ckpt, tag="checkpoint")
+            start = int(client["step"])
+
+    metrics: dict = {}
+    t0, tokens_seen = time.time(), 0
+    engine.train()
+    for step in range(start + 1, cfg.optim.steps + 1):
+        batch = task.sample(micro, np.random.default_rng([cfg.seed, rank, step]))
+        ids = training_ids(pos.ids, batch.position_ids, batch.seq_len, pos.max_position,
+                           np.random.default_rng([cfg.seed, rank, step, 1]), pos.shift, pos.pose_chunks)
+        loss, parts, _ = next_token_loss(engine, model, Tensors.of(batch, ids, device), w)
+        engine.backward(loss)
+        engine.step()
+        tokens_seen += int(batch.seq_len.sum())
+        if step % cfg.eval.every_steps == 0 or step == cfg.optim.steps:
+            metrics = {
+                "step": step,
+                **parts,
+                "lr": float(engine.lr_scheduler.get_last_lr()[0]),
+                "tokens_per_s": tokens_seen * world / (time.time() - t0),
+                **validate(engine, model, val_batches, pos.ids, w, device),
+            }
+            if step < cfg.optim.steps:
+                _report(session, engine, metrics, step)
+    records = evaluate_grid(
+        engine.module, task, pos.ids, cfg.grid(), cfg.eval.samples_per_cell, cfg.eval.batch_size,
+        cfg.seed, rank, world, device,
+    )
+    metrics = {**metrics, **summarize(records, cfg), "done": True}
+    _report(session, engine, {**metrics, "eval_records": records}, cfg.optim.steps)
+    return {"metrics": metrics, "records": records}
+
+
+def _report(session: Session, engine, metrics: dict, step: int) -> None:
+    """Report metrics; with a checkpointing session, save a DeepSpeed checkpoint alongside (all ranks)."""
+    if not session.checkpointing:
+        session.report(metrics)
+        return
+    with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
+        engine.save_checkpoint(tmp, tag="checkpoint", client_state={"step": step})
+        session.report(metrics, tmp)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m study.train", description=__doc__.split("\n")[0])
+    parser.add_argument("config", help="trial config YAML (e.g. search_spaces/trials/sparse_parity.yaml)")
+    parser.add_argument("--seed", type=int, help="override the config's seed")
+    parser.add_argument("--steps", type=int, help="override optim.steps")
+    parser.add_argument("--out", help="write the evaluation table here (CSV)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_trial_config(args.config)
+        overrides = {}
+        if args.seed is not None:
+            overrides["seed"] = args.seed
+        if args.steps is not None:
+            overrides["optim"] = {**cfg.optim.model_dump(), "steps": args.steps}
+        if overrides:
+            cfg = TrialConfig.model_validate({**cfg.model_dump(), **overrides})
+    except (OSError, ValueError) as e:
+        print(f"error: {describe_errors(e)}", file=sys.stderr)
+        return 2
+    import pandas as pd
+
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    result = train_loop_per_worker(cfg)
+    table = pd.DataFrame(result["records"])
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    summary = {k: round(v, 4) for k, v in result["metrics"].items() if k.startswith(("acc_", "exact_", "val_"))}
+    print(summary)
+    if args.out:
+        table.to_csv(args.out, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Synthetic length-generalization tasks with coupled position ids.
+
+Use `get_task(name, **params)` to build a task, then `task.sample(batch_size, rng, length, k)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .addition import AdditionTask
+from .base import Batch, Task, TaskParamError, Vocab
+from .copy_task import CopyTask
+from .parity_scratchpad import ParityScratchpadTask
+from .sparse_parity import SparseParityTask
+from .variable_assignment import VariableAssignmentTask
+
+TASKS: dict[str, type[Task]] = {
+    cls.name: cls
+    for cls in (
+        SparseParityTask,
+        ParityScratchpadTask,
+        VariableAssignmentTask,
+        CopyTask,
+        AdditionTask,
+    )
+}
+
+
+def get_task(name: str, **params: Any) -> Task:
+    """Build a registered task; unknown names raise TaskParamError(param="name")."""
+    if name not in TASKS:
+        raise TaskParamError("name", f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+    return TASKS[name](**params)
+
+
+__all__ = ["TASKS", "Batch", "Task", "TaskParamError", "Vocab", "get_task"]

@@ -1,0 +1,90 @@
+"""n-digit addition with position coupling (Cho et al. 2024).
+
+The sum is written least significant digit first so each output digit depends only on the
+operand digits of the same significance (plus a carry); giving a_j, b_j and c_j the same
+coupled id j+1 exposes exactly that alignment, independent of n.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import Batch, Task, Vocab, make_batch
+
+DIGITS = [str(d) for d in range(10)]
+
+
+def _msb_first(digits: np.ndarray) -> str:
+    """Digits stored by significance (index j = 10^j) as a normal decimal string."""
+    return (digits[::-1] + ord("0")).astype(np.uint8).tobytes().decode("ascii")
+
+
+class AdditionTask(Task):
+    """a_{n-1}..a_0 `+` b_{n-1}..b_0 `=` c_0..c_n `<eos>` (sum reversed, n+1 digits)."""
+
+    name: ClassVar[str] = "addition"
+    description: ClassVar[str] = "n-digit addition, sum reversed, digits of equal significance share ids"
+    uses_k: ClassVar[bool] = False
+    default_train_length: ClassVar[int] = 5
+
+    def __init__(self, **common: Any) -> None:
+        super().__init__(**common)
+        self._digit_ids = self.vocab.ids(DIGITS)
+
+    def _build_vocab(self) -> Vocab:
+        return Vocab([*DIGITS, "+", "="])
+
+    def max_position_id(self, length: int, k: int | None) -> int:
+        return length + 2
+
+    def max_seq_len(self, length: int, k: int | None) -> int:
+        return 3 * length + 4
+
+    def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator) -> Batch:
+        batch, n_max = len(lengths), int(lengths.max())
+        n = lengths[:, None]
+        sig = np.arange(n_max + 1)[None, :]  # digit significance j; column n_max is the carry-out
+        a = rng.integers(0, 10, size=(batch, n_max + 1), dtype=np.int64) * (sig < n)
+        b = rng.integers(0, 10, size=(batch, n_max + 1), dtype=np.int64) * (sig < n)
+        c = np.zeros_like(a)
+        carry = np.zeros(batch, dtype=np.int64)
+        for j in range(n_max + 1):  # zero digits past n make c_n the carry-out
+            total = a[:, j] + b[:, j] + carry
+            c[:, j] = total % 10
+            carry = total // 10
+
+        width = 3 * n_max + 4
+        cols = np.arange(width)[None, :]
+        # Significance read at each column (clipped where unused); MSB-first for operands.
+        sig_a = np.clip(n - 1 - cols, 0, n_max)
+        sig_b = np.clip(2 * n - cols, 0, n_max)
+        sig_c = np.clip(cols - 2 * n - 2, 0, n_max)
+        in_a = cols < n
+        in_b = (cols > n) & (cols <= 2 * n)
+        in_c = (cols >= 2 * n + 2) & (cols <= 3 * n + 2)
+
+        def take(digits: np.ndarray, idx: np.ndarray) -> np.ndarray:
+            return self._digit_ids[np.take_along_axis(digits, idx, axis=1)]
+
+        tokens = np.select(
+            [in_a, cols == n, in_b, cols == 2 * n + 1, in_c],
+            [take(a, sig_a), self.vocab["+"], take(b, sig_b), self.vocab["="], take(c, sig_c)],
+            default=self.vocab.eos_id,
+        )
+        position_ids = np.select(
+            [in_a, in_b, in_c, (cols == n) | (cols == 2 * n + 1)],
+            [sig_a + 1, sig_b + 1, sig_c + 1, 0],
+            default=n + 2,
+        )
+
+        answers, meta = [], []
+        for i in range(batch):
+            length = int(lengths[i])
+            answers.append(_msb_first(c[i, : length + 1]))
+            meta.append({"a": _msb_first(a[i, :length]), "b": _msb_first(b[i, :length]), "length": length})
+        return make_batch(
+            tokens, position_ids, 2 * lengths + 2, 3 * lengths + 4, in_c, answers, meta,
+            pad_id=self.vocab.pad_id,
+        )

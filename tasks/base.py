@@ -1,0 +1,283 @@
+"""Shared pieces of every task: the parameter error, the vocabulary, the batch and the Task base.
+
+Tasks produce right-padded numpy batches together with *coupled position ids*: ids that tie
+each output token to the input token(s) it depends on, so that a model using them sees a
+sparse, length-independent dependency pattern (Golowich et al. 2025, Cho et al. 2024).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from numbers import Integral
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+PAD = "<pad>"
+EOS = "<eos>"
+
+
+class TaskParamError(ValueError):
+    """A task parameter (or evaluation cell) is impossible; `param` names the culprit.
+
+    Callers (the CLI, the study sweep) report or skip by parameter name, so the name is an
+    attribute as well as the first word of the message.
+    """
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        self.detail = message
+        super().__init__(f"{param}: {message}")
+
+
+class Vocab:
+    """Token strings <-> ids. `<pad>` is always id 0 and `<eos>` id 1 so padding is uniform."""
+
+    def __init__(self, symbols: Sequence[str]) -> None:
+        tokens = [PAD, EOS, *symbols]
+        if len(set(tokens)) != len(tokens):
+            raise ValueError(f"duplicate tokens in vocabulary: {tokens}")
+        self.tokens: list[str] = tokens
+        self.stoi: dict[str, int] = {tok: i for i, tok in enumerate(tokens)}
+        self.pad_id: int = 0
+        self.eos_id: int = 1
+        self._itos = np.array(tokens, dtype=object)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __contains__(self, token: object) -> bool:
+        return token in self.stoi
+
+    def __getitem__(self, token: str) -> int:
+        return self.stoi[token]
+
+    def ids(self, tokens: Sequence[str]) -> np.ndarray:
+        """Id lookup table for a list of tokens (index it with small ints to vectorise)."""
+        return np.array([self.stoi[t] for t in tokens], dtype=np.int64)
+
+    def encode(self, tokens: Sequence[str]) -> np.ndarray:
+        return self.ids(tokens)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        return list(self._itos[np.asarray(ids, dtype=np.int64)])
+
+
+@dataclass
+class Batch:
+    """A right-padded batch; see the field comments for the exact conventions."""
+
+    tokens: np.ndarray  # int64 [B, T], right-padded with vocab.pad_id
+    position_ids: np.ndarray  # int64 [B, T], the task's coupled ids (0 on padding)
+    loss_mask: np.ndarray  # bool [B, T], True where tokens[b, t] is a target (predicted from t-1)
+    answer_mask: np.ndarray  # bool [B, T], True on the answer token(s) (subset of loss_mask)
+    prompt_len: np.ndarray  # int64 [B], index of the first target token
+    seq_len: np.ndarray  # int64 [B], number of tokens before padding
+    answers: list[str]  # the answer as a string, per sample
+    meta: list[dict]  # per-sample metadata (JSON-serialisable)
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def make_batch(
+    tokens: np.ndarray,
+    position_ids: np.ndarray,
+    prompt_len: np.ndarray,
+    seq_len: np.ndarray,
+    answer_mask: np.ndarray,
+    answers: list[str],
+    meta: list[dict],
+    pad_id: int = 0,
+    loss_mask: np.ndarray | None = None,
+) -> Batch:
+    """Assemble a Batch, enforcing padding conventions in one place (pad tokens, id 0, no masks).
+
+    The default loss mask is every token from the prompt end to the sequence end.
+    """
+    cols = np.arange(tokens.shape[1])[None, :]
+    valid = cols < seq_len[:, None]
+    if loss_mask is None:
+        loss_mask = (cols >= prompt_len[:, None]) & valid
+    return Batch(
+        tokens=np.where(valid, tokens, pad_id).astype(np.int64),
+        position_ids=np.where(valid, position_ids, 0).astype(np.int64),
+        loss_mask=(loss_mask & valid).astype(bool),
+        answer_mask=(answer_mask & valid).astype(bool),
+        prompt_len=prompt_len.astype(np.int64),
+        seq_len=seq_len.astype(np.int64),
+        answers=answers,
+        meta=meta,
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def require_int(param: str, value: object, minimum: int) -> int:
+    """Validate an integer parameter, naming it on failure (bools are rejected on purpose)."""
+    if not _is_int(value):
+        raise TaskParamError(param, f"expected an integer, got {value!r}")
+    if value < minimum:  # type: ignore[operator]
+        raise TaskParamError(param, f"{value} is smaller than {minimum}")
+    return int(value)  # type: ignore[arg-type]
+
+
+class Task(ABC):
+    """A synthetic task: a training distribution over (length, k) plus exact evaluation cells.
+
+    Subclasses take their own keyword parameters, pass the common ones to this constructor
+    and implement `_generate`, which receives per-sample lengths (and ks) and must be
+    vectorised over the batch.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    uses_k: ClassVar[bool]
+    default_train_length: ClassVar[int]
+    default_train_k: ClassVar[int | None] = None
+
+    def __init__(
+        self,
+        train_length: int | None = None,
+        min_length: int | None = None,
+        train_k: int | None = None,
+        min_k: int = 1,
+        **unknown: Any,
+    ) -> None:
+        if unknown:
+            param = sorted(unknown)[0]
+            raise TaskParamError(param, f"unknown parameter for task {self.name!r}")
+        if train_length is None:
+            train_length = self.default_train_length
+        self.train_length = require_int("train_length", train_length, 1)
+        if self.uses_k:
+            if train_k is None:
+                train_k = self.default_train_k
+            self.train_k: int | None = require_int("train_k", train_k, 1)
+            self.min_k: int | None = require_int("min_k", min_k, 1)
+            if self.train_k > self.train_length:
+                raise TaskParamError(
+                    "train_k", f"{self.train_k} is larger than train_length {self.train_length}"
+                )
+            if self.min_k > self.train_k:
+                raise TaskParamError("min_k", f"{self.min_k} is larger than train_k {self.train_k}")
+            # Short samples cannot hold many marked items, so by default start at train_k.
+            default_min_length = self.train_k
+        else:
+            # k means nothing here: a k given anyway is a mistake, not something to drop silently.
+            if train_k is not None or min_k != 1:
+                param = "train_k" if train_k is not None else "min_k"
+                raise TaskParamError(param, f"task {self.name!r} has no k axis")
+            self.train_k = None
+            self.min_k = None
+            default_min_length = 1
+        if min_length is None:
+            min_length = default_min_length
+        self.min_length = require_int("min_length", min_length, 1)
+        if self.min_length > self.train_length:
+            raise TaskParamError(
+                "min_length", f"{self.min_length} is larger than train_length {self.train_length}"
+            )
+        if self.uses_k and self.min_k > self.min_length:  # type: ignore[operator]
+            raise TaskParamError(
+                "min_k", f"{self.min_k} is larger than min_length {self.min_length}"
+            )
+        self.vocab = self._build_vocab()
+
+    # --- subclass hooks -------------------------------------------------------------------
+
+    @abstractmethod
+    def _build_vocab(self) -> Vocab:
+        """The task's vocabulary (called at the end of base construction)."""
+
+    @abstractmethod
+    def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator) -> Batch:
+        """Build a batch for per-sample `lengths` (and `ks`), vectorised over the batch."""
+
+    def _check_cell(self, length: int, k: int | None) -> None:
+        """Task-specific impossibility checks for one cell (length and k already validated)."""
+
+    @abstractmethod
+    def max_position_id(self, length: int, k: int | None) -> int:
+        """Largest coupled position id any sample of this cell can have."""
+
+    @abstractmethod
+    def max_seq_len(self, length: int, k: int | None) -> int:
+        """Longest sequence (tokens before padding) any sample of this cell can have.
+
+        For k-tasks, k=None means the largest k the training distribution uses at this length.
+        """
+
+    # --- public API ------------------------------------------------------------------------
+
+    def check(self, length: int, k: int | None) -> None:
+        """Raise TaskParamError if no sample of this (length, k) cell can exist."""
+        require_int("length", length, 1)
+        if self.uses_k and k is not None:
+            require_int("k", k, 1)
+            if k > length:
+                raise TaskParamError("k", f"{k} is larger than length {length}")
+        self._check_cell(int(length), None if (k is None or not self.uses_k) else int(k))
+
+    def sample(
+        self,
+        batch_size: int,
+        rng: np.random.Generator,
+        length: int | None = None,
+        k: int | None = None,
+    ) -> Batch:
+        """Draw a batch: the training distribution when length/k are None, else one cell.
+
+        Training: length ~ U[min_length, train_length], k ~ U[min_k, min(train_k, length)].
+        A fixed length (or k) replaces the corresponding draw for every sample.
+        """
+        batch_size = require_int("batch_size", batch_size, 1)
+        if not self.uses_k:
+            k = None
+        if length is not None:
+            self.check(length, k)
+            lengths = np.full(batch_size, int(length), dtype=np.int64)
+        else:
+            lo = self.min_length
+            if k is not None:
+                # Only lengths that can hold k items; the longest must be possible.
+                self.check(self.train_length, k)
+                lo = max(lo, int(k))
+            lengths = rng.integers(lo, self.train_length + 1, size=batch_size, dtype=np.int64)
+        ks: np.ndarray | None = None
+        if self.uses_k:
+            if k is not None:
+                ks = np.full(batch_size, int(k), dtype=np.int64)
+            else:
+                hi = np.minimum(self.train_k, lengths)  # type: ignore[arg-type]
+                if np.any(hi < self.min_k):
+                    raise TaskParamError(
+                        "length", f"{int(lengths.min())} is smaller than min_k {self.min_k}"
+                    )
+                ks = rng.integers(self.min_k, hi + 1, dtype=np.int64)  # type: ignore[arg-type]
+        return self._generate(lengths, ks, rng)
+
+    def to_records(self, batch: Batch) -> list[dict]:
+        """One JSON-ready dict per sample, padding stripped (the CLI's output format)."""
+        records = []
+        for b in range(len(batch)):
+            n = int(batch.seq_len[b])
+            records.append(
+                {
+                    "tokens": self.vocab.decode(batch.tokens[b, :n]),
+                    "position_ids": [int(x) for x in batch.position_ids[b, :n]],
+                    "loss_mask": [int(x) for x in batch.loss_mask[b, :n]],
+                    "answer": batch.answers[b],
+                    "meta": batch.meta[b],
+                }
+            )
+        return records
+
+    def __repr__(self) -> str:
+        params = ", ".join(
+            f"{key}={value!r}" for key, value in vars(self).items() if key != "vocab" and not key.startswith("_")
+        )
+        return f"{type(self).__name__}({params})"

@@ -1,0 +1,64 @@
+"""Copy: repeat n random symbols after `=`.
+
+Output i shares the coupled id of input i, so each output token depends on exactly one
+id-matched input token. (Module named copy_task to avoid shadowing the stdlib `copy`.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import Batch, Task, Vocab, make_batch, require_int
+
+
+class CopyTask(Task):
+    """n symbols, `=`, the same n symbols, `<eos>`."""
+
+    name: ClassVar[str] = "copy"
+    description: ClassVar[str] = "copy n random symbols after '='"
+    uses_k: ClassVar[bool] = False
+    default_train_length: ClassVar[int] = 10
+
+    def __init__(self, *, alphabet: int = 10, **common: Any) -> None:
+        self.alphabet = require_int("alphabet", alphabet, 1)
+        super().__init__(**common)
+        self._symbol_ids = self.vocab.ids(self._symbols())
+        # Multi-character symbols would make a joined answer ambiguous.
+        self._sep = "" if self.alphabet <= 10 else " "
+
+    def _symbols(self) -> list[str]:
+        return [str(i) for i in range(self.alphabet)]
+
+    def _build_vocab(self) -> Vocab:
+        return Vocab([*self._symbols(), "="])
+
+    def max_position_id(self, length: int, k: int | None) -> int:
+        return length + 1
+
+    def max_seq_len(self, length: int, k: int | None) -> int:
+        return 2 * length + 2
+
+    def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator) -> Batch:
+        batch, n_max = len(lengths), int(lengths.max())
+        symbols = rng.integers(0, self.alphabet, size=(batch, n_max), dtype=np.int64)
+        width = 2 * n_max + 2
+        cols = np.arange(width)[None, :]
+        n = lengths[:, None]
+        # Input at col c reads symbol c; output at col c reads symbol c - n - 1.
+        src = np.where(cols < n, cols, cols - n - 1)
+        is_input = cols < n
+        is_output = (cols > n) & (cols <= 2 * n)
+        sym_tok = self._symbol_ids[np.take_along_axis(symbols, np.clip(src, 0, n_max - 1), axis=1)]
+        tokens = np.select(
+            [is_input | is_output, cols == n], [sym_tok, self.vocab["="]], default=self.vocab.eos_id
+        )
+        position_ids = np.select([is_input | is_output, cols == n], [src + 1, 0], default=n + 1)
+        names = self._symbols()
+        answers = [self._sep.join([names[s] for s in symbols[b, : lengths[b]]]) for b in range(batch)]
+        meta = [{"length": int(lengths[b])} for b in range(batch)]
+        return make_batch(
+            tokens, position_ids, lengths + 1, 2 * lengths + 2, is_output, answers, meta,
+            pad_id=self.vocab.pad_id,
+        )

@@ -1,0 +1,327 @@
+"""Semantic tests for tasks/: answers are right, coupled ids point where they claim, errors name params."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks import TASKS, Batch, Task, TaskParamError, get_task
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def rows(task: Task, batch: Batch):
+    """Per sample: (tokens as str, position ids, loss mask, answer mask, prompt_len), unpadded."""
+    for b in range(len(batch)):
+        n = int(batch.seq_len[b])
+        yield (
+            task.vocab.decode(batch.tokens[b, :n]),
+            batch.position_ids[b, :n].tolist(),
+            batch.loss_mask[b, :n].tolist(),
+            batch.answer_mask[b, :n].tolist(),
+            int(batch.prompt_len[b]),
+        )
+
+
+def check_padding(task: Task, batch: Batch) -> None:
+    """Shared invariants: shapes, right padding, masks consistent with prompt_len/seq_len."""
+    B, T = batch.tokens.shape
+    assert T == batch.seq_len.max()
+    assert batch.tokens.dtype == np.int64 and batch.position_ids.dtype == np.int64
+    cols = np.arange(T)[None, :]
+    pad = cols >= batch.seq_len[:, None]
+    assert np.all(batch.tokens[pad] == task.vocab.pad_id)
+    assert np.all(batch.position_ids[pad] == 0)
+    assert not np.any(batch.tokens[~pad] == task.vocab.pad_id)
+    assert not np.any(batch.loss_mask[pad]) and not np.any(batch.answer_mask[pad])
+    assert np.all(batch.loss_mask[batch.answer_mask])
+    assert np.all(batch.loss_mask.argmax(axis=1) == batch.prompt_len)
+    assert len(batch.answers) == len(batch.meta) == B
+    json.dumps(batch.meta)
+
+
+def parity_input(tokens: list[str], n: int) -> tuple[list[int], list[int]]:
+    """(bits, marked positions) read back from the input tokens."""
+    bit = {"0": 0, "1": 1, "A": 0, "B": 1}
+    return [bit[t] for t in tokens[:n]], [i for i, t in enumerate(tokens[:n]) if t in "AB"]
+
+
+# --- sparse parity -----------------------------------------------------------------------
+
+
+def test_sparse_parity_cell_semantics():
+    task = get_task("sparse_parity")
+    n, k = 30, 4
+    batch = task.sample(300, rng(), length=n, k=k)
+    check_padding(task, batch)
+    assert batch.tokens.shape == (300, n + 2)
+    for (tokens, ids, loss, ans, prompt), meta, answer in zip(rows(task, batch), batch.meta, batch.answers):
+        bits, marked = parity_input(tokens, n)
+        assert marked == meta["marked"] and len(marked) == k
+        assert all(t in "01" for i, t in enumerate(tokens[:n]) if i not in marked)
+        assert tokens[n] == "=" and tokens[n + 1] == answer
+        assert answer == str(sum(bits[i] for i in marked) % 2)
+        assert loss == [False] * (n + 1) + [True] and ans == loss
+        assert ids == list(range(1, n + 1)) + [n + 1, n + 1]
+        assert prompt == n + 1
+    assert set(batch.answers) == {"0", "1"}
+    assert task.max_position_id(n, k) == n + 1 == batch.position_ids.max()
+
+
+def test_sparse_parity_training_batch_mixes_lengths_and_k():
+    task = get_task("sparse_parity", train_length=15, min_length=2, train_k=4, min_k=2)
+    batch = task.sample(500, rng(1))
+    check_padding(task, batch)
+    lengths = batch.seq_len - 2
+    assert lengths.min() == 2 and lengths.max() == 15
+    ks = []
+    for (tokens, ids, *_), n, meta, answer in zip(rows(task, batch), lengths, batch.meta, batch.answers):
+        bits, marked = parity_input(tokens, n)
+        assert 2 <= len(marked) <= min(4, n) and len(marked) == meta["k"]
+        assert answer == str(sum(bits[i] for i in marked) % 2)
+        assert ids[n] == ids[n + 1] == n + 1
+        ks.append(len(marked))
+    assert set(ks) == {2, 3, 4}
+
+
+def test_sparse_parity_locality_window():
+    task = get_task("sparse_parity", train_length=40, train_k=3, locality=5)
+    batch = task.sample(400, rng(2), length=40, k=3)
+    spans = [max(m["marked"]) - min(m["marked"]) for m in batch.meta]
+    assert max(spans) < 5
+    starts = {min(m["marked"]) for m in batch.meta}
+    assert min(starts) < 5 and max(starts) > 30  # the window moves around
+    # Window wider than the input: the whole input.
+    wide = task.sample(50, rng(3), length=3, k=3)
+    assert all(m["marked"] == [0, 1, 2] for m in wide.meta)
+
+
+def test_sparse_parity_param_errors():
+    with pytest.raises(TaskParamError) as err:
+        get_task("sparse_parity", train_k=3, locality=2)
+    assert err.value.param == "locality" and "locality" in str(err.value)
+    with pytest.raises(TaskParamError) as err:
+        get_task("sparse_parity", train_length=2, train_k=3)
+    assert err.value.param == "train_k"
+    with pytest.raises(TaskParamError) as err:
+        get_task("sparse_parity", train_length=5, min_length=6)
+    assert err.value.param == "min_length"
+    with pytest.raises(TaskParamError) as err:
+        get_task("sparse_parity", train_length=0)
+    assert err.value.param == "train_length"
+    with pytest.raises(TaskParamError) as err:
+        get_task("sparse_parity", bogus=1)
+    assert err.value.param == "bogus"
+    task = get_task("sparse_parity")
+    with pytest.raises(TaskParamError) as err:
+        task.sample(4, rng(), length=2, k=3)
+    assert err.value.param == "k" and str(err.value).startswith("k:")
+    with pytest.raises(TaskParamError) as err:
+        task.check(5, 0)
+    assert err.value.param == "k"
+
+
+# --- parity scratchpad -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length,k", [(25, 5), (None, None)])
+def test_parity_scratchpad(length, k):
+    task = get_task("parity_scratchpad", train_length=12, train_k=4)
+    batch = task.sample(300, rng(4), length=length, k=k)
+    check_padding(task, batch)
+    for (tokens, ids, loss, ans, prompt), meta, answer in zip(rows(task, batch), batch.meta, batch.answers):
+        n = meta["length"]
+        bits, marked = parity_input(tokens, n)
+        assert marked == meta["marked"] and len(marked) == meta["k"]
+        running = list(np.cumsum([bits[i] for i in marked]) % 2)
+        pad = tokens[n + 1 : -1]
+        assert tokens[n] == "=" and tokens[-1] == "<eos>" and len(tokens) == n + len(marked) + 2
+        assert pad == [str(r) for r in running] and answer == pad[-1]
+        # s_i carries the id of the i-th marked bit; that id holds a marked token.
+        assert ids[n + 1 : -1] == [p + 1 for p in marked]
+        assert all(tokens[ids[n + 1 + i] - 1] in "AB" for i in range(len(marked)))
+        assert ids[n] == ids[-1] == n + 1 and ids[:n] == list(range(1, n + 1))
+        assert prompt == n + 1 and loss == [False] * (n + 1) + [True] * (len(marked) + 1)
+        assert [i for i, a in enumerate(ans) if a] == [len(tokens) - 2]
+
+
+# --- variable assignment -----------------------------------------------------------------
+
+
+def parse_program(tokens: list[str], m: int) -> tuple[dict[str, str], dict[str, int], str]:
+    """Statements -> (var -> rhs, var -> index of its rhs token), and the queried variable."""
+    assignments, rhs_index = {}, {}
+    for s in range(m):
+        lhs, eq, rhs, semi = tokens[4 * s : 4 * s + 4]
+        assert eq == "=" and semi == ";" and lhs not in assignments
+        assignments[lhs] = rhs
+        rhs_index[lhs] = 4 * s + 2
+    assert tokens[4 * m] == "?"
+    return assignments, rhs_index, tokens[4 * m + 1]
+
+
+@pytest.mark.parametrize("length,k", [(20, 6), (None, None)])
+def test_variable_assignment_scratchpad(length, k):
+    task = get_task("variable_assignment", train_length=10, train_k=4)
+    batch = task.sample(300, rng(5), length=length, k=k)
+    check_padding(task, batch)
+    depths = set()
+    for (tokens, ids, loss, ans, prompt), meta, answer in zip(rows(task, batch), batch.meta, batch.answers):
+        m, d = meta["statements"], meta["depth"]
+        assignments, rhs_index, var = parse_program(tokens, m)
+        followed, read_from = [], []
+        while not var.isdigit():  # resolve by following the program itself
+            read_from.append(rhs_index[var])
+            var = assignments[var]
+            followed.append(var)
+        assert var == answer and followed[-1] == answer
+        assert len(followed) == d and (d == k if k is not None else 1 <= d <= min(4, m))
+        depths.add(d)
+        assert tokens[prompt:] == followed + ["<eos>"]
+        assert meta["chain"] == [tokens[4 * m + 1], *followed]
+        # Each scratchpad token's id points at the rhs token it was read from.
+        out_ids = ids[prompt:-1]
+        assert [i - 1 for i in out_ids] == read_from
+        assert [tokens[i - 1] for i in out_ids] == followed
+        assert ids[:prompt] == list(range(1, 4 * m + 3)) and ids[-1] == 4 * m + 1
+        assert [i for i, a in enumerate(ans) if a] == [len(tokens) - 2]
+        assert loss == [False] * prompt + [True] * (d + 1)
+    if k is None:
+        assert depths == {1, 2, 3, 4}
+
+
+def test_variable_assignment_without_scratchpad():
+    task = get_task("variable_assignment", scratchpad=False, train_length=8)
+    batch = task.sample(200, rng(6), length=8, k=3)
+    check_padding(task, batch)
+    for (tokens, ids, loss, ans, prompt), meta, answer in zip(rows(task, batch), batch.meta, batch.answers):
+        assignments, _, var = parse_program(tokens, 8)
+        for _ in range(3):
+            var = assignments[var]
+        assert var.isdigit() and var == answer
+        assert tokens[prompt:] == [answer, "<eos>"]
+        assert ids == list(range(1, 4 * 8 + 5))
+        assert ans == [False] * prompt + [True, False]
+    assert task.max_position_id(8, 3) == 36 == batch.position_ids.max()
+
+
+def test_variable_assignment_errors_and_names():
+    task = get_task("variable_assignment")
+    with pytest.raises(TaskParamError) as err:
+        task.sample(2, rng(), length=3, k=5)
+    assert err.value.param == "k" and "k" in str(err.value)
+    with pytest.raises(TaskParamError) as err:
+        task.check(60, 3)
+    assert err.value.param == "length"
+    with pytest.raises(TaskParamError) as err:
+        get_task("variable_assignment", num_vars=5)  # default train_length 12
+    assert err.value.param == "train_length"
+    with pytest.raises(TaskParamError) as err:
+        get_task("variable_assignment", scratchpad="yes")
+    assert err.value.param == "scratchpad"
+    many = get_task("variable_assignment", num_vars=80, train_length=70)
+    batch = many.sample(4, rng(), length=70, k=10)
+    assert all(t.startswith("v") for t in many.vocab.decode(batch.tokens[:, 0]))
+
+
+# --- copy and addition -------------------------------------------------------------------
+
+
+def test_copy():
+    task = get_task("copy", train_length=12)
+    for batch in (task.sample(200, rng(7), length=30), task.sample(200, rng(8))):
+        check_padding(task, batch)
+        for (tokens, ids, loss, ans, prompt), answer in zip(rows(task, batch), batch.answers):
+            n = (len(tokens) - 2) // 2
+            assert tokens[n] == "=" and tokens[-1] == "<eos>"
+            assert tokens[n + 1 : 2 * n + 1] == tokens[:n] and "".join(tokens[:n]) == answer
+            assert ids == list(range(1, n + 1)) + [0] + list(range(1, n + 1)) + [n + 1]
+            assert ans == [False] * (n + 1) + [True] * n + [False]
+            assert loss == [False] * (n + 1) + [True] * (n + 1)
+
+
+def test_addition():
+    task = get_task("addition", train_length=6)
+    for batch in (task.sample(300, rng(9), length=25), task.sample(300, rng(10))):
+        check_padding(task, batch)
+        for (tokens, ids, loss, ans, prompt), answer, meta in zip(rows(task, batch), batch.answers, batch.meta):
+            n = meta["length"]
+            a, b = "".join(tokens[:n]), "".join(tokens[n + 1 : 2 * n + 1])
+            assert tokens[n] == "+" and tokens[2 * n + 1] == "=" and tokens[-1] == "<eos>"
+            out = tokens[2 * n + 2 : 3 * n + 3]
+            assert int(a) + int(b) == int(answer) and len(answer) == n + 1
+            assert "".join(reversed(out)) == answer
+            # Digits of significance j share id j + 1; + and = get 0; <eos> n + 2.
+            sig = list(range(n, 0, -1))
+            assert ids == sig + [0] + sig + [0] + list(range(1, n + 2)) + [n + 2]
+            assert ans == [False] * (2 * n + 2) + [True] * (n + 1) + [False]
+            assert prompt == 2 * n + 2
+    assert any(a[0] == "1" for a in batch.answers)  # carries into the top digit happen
+
+
+# --- cross-task contracts ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_determinism_and_declared_maxima(name):
+    task = get_task(name)
+    a, b = task.sample(64, rng(11)), task.sample(64, rng(11))
+    c = task.sample(64, rng(12))
+    for field in ("tokens", "position_ids", "loss_mask", "answer_mask", "seq_len"):
+        assert np.array_equal(getattr(a, field), getattr(b, field))
+    assert a.answers == b.answers and a.meta == b.meta
+    assert a.tokens.shape != c.tokens.shape or not np.array_equal(a.tokens, c.tokens)
+    length, k = 9, (3 if task.uses_k else None)
+    cell = task.sample(128, rng(13), length=length, k=k)
+    assert cell.position_ids.max() == task.max_position_id(length, k)
+    assert cell.seq_len.max() == task.max_seq_len(length, k)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tasks", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_cli_sample_is_deterministic_and_correct():
+    args = ("sample", "sparse_parity", "--length", "40", "--k", "3", "--count", "200", "--seed", "1")
+    first, second = run_cli(*args), run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    lines = first.stdout.splitlines()
+    assert len(lines) == 200
+    for line in lines:
+        record = json.loads(line)
+        tokens = record["tokens"]
+        bits, marked = parity_input(tokens, 40)
+        assert len(marked) == 3 and record["meta"]["marked"] == marked
+        assert record["answer"] == tokens[-1] == str(sum(bits[i] for i in marked) % 2)
+        assert record["position_ids"][-2:] == [41, 41] and record["loss_mask"] == [0] * 41 + [1]
+
+
+def test_cli_errors_and_params():
+    bad = run_cli("sample", "sparse_parity", "--length", "2", "--k", "3", "--count", "1", "--seed", "0")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: k:")
+    unknown = run_cli("sample", "no_such_task", "--length", "2")
+    assert unknown.returncode != 0 and "no_such_task" in unknown.stderr and "sparse_parity" in unknown.stderr
+    param = run_cli("sample", "variable_assignment", "--length", "5", "--k", "2", "--param", "scratchpad=false")
+    assert param.returncode == 0, param.stderr
+    assert len(json.loads(param.stdout)["tokens"]) == 4 * 5 + 4
+    listing = run_cli("list")
+    assert listing.returncode == 0 and all(name in listing.stdout for name in TASKS)
+
+
+@pytest.mark.parametrize("name", ["copy", "addition"])
+def test_tasks_without_k_reject_a_k(name):
+    with pytest.raises(TaskParamError) as err:
+        get_task(name, train_k=3)
+    assert err.value.param == "train_k"
