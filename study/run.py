@@ -1,0 +1,111 @@
+"""Run a study: `python study/run.py [--space FILE] [--storage DIR] [--mlflow-uri URI] [--resume] [--dry-run]`.
+
+On a laptop it starts an embedded local Ray and records to `sqlite:///<storage>/mlflow.db`; under
+`ray job submit --working-dir . -- python study/run.py ...` it joins the job's cluster. The whole
+study is one Tune experiment (`<storage>/<study name>/tune`), so `--resume` continues it: finished
+trials are not rerun, searches and schedulers are restored, MLflow runs are reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python study/run.py` from a checkout that is not pip-installed
+    sys.path.insert(0, str(ROOT))
+
+from study.spec import StudySpec, load_spec  # noqa: E402
+
+EXIT_BAD_INPUT = 2
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python study/run.py", description=__doc__.split("\n")[0])
+    p.add_argument("--space", default=str(ROOT / "search_spaces" / "default.yaml"), help="study spec YAML")
+    p.add_argument("--storage", default="./studies", help="where studies live (default ./studies)")
+    p.add_argument("--mlflow-uri", help="tracking URI (default sqlite:///<storage>/mlflow.db)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted study")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    return p.parse_args(argv)
+
+
+def cluster_cpus(address: str | None) -> int:
+    """CPUs of the embedded local Ray; 0 (unknown, the cluster decides) when joining a cluster."""
+    return (os.cpu_count() or 1) if address is None else 0
+
+
+def plan_lines(spec: StudySpec, max_concurrent: int | None) -> list[str]:
+    r = spec.resources
+    per_trial = f"{r.workers_per_trial} worker(s) x {r.cpus_per_worker:g} CPU"
+    if r.gpus_per_worker:
+        per_trial += f" + {r.gpus_per_worker:g} GPU"
+    cells = spec.cells()
+    lines = [
+        f"code: {ROOT}",
+        f"study {spec.name}: task {spec.task.name}, {len(cells)} cell(s) x {spec.trials_per_cell} trial(s)"
+        f" = {len(cells) * spec.trials_per_cell} trials",
+        f"  search: {'none (replicas: %d seeds)' % spec.replicas if spec.search is None else f'{spec.search.sampler} over ' + ', '.join(spec.search.params)}",
+        f"  objective: {spec.objective.mode} {spec.objective.metric}; scheduler: {spec.scheduler.type}",
+        f"  per trial: {per_trial}, ZeRO-{r.zero_stage}{', bf16' if r.bf16 else ''}; "
+        f"concurrent trials: {max_concurrent or 'as the cluster fits'}",
+    ]
+    for c in cells:
+        lines.append(f"  cell {c.index}: {c.label}")
+    return lines
+
+
+def default_concurrency(spec: StudySpec, cpus: int) -> int | None:
+    """Trials that fit at once on a local machine (Ray Train workers are not reserved by Tune, so
+    running more would leave worker groups waiting for CPUs)."""
+    r = spec.resources
+    if r.max_concurrent_trials:
+        return r.max_concurrent_trials
+    if not cpus:
+        return None
+    return max(1, int(cpus // (r.workers_per_trial * r.cpus_per_worker)))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from study.config import describe_errors
+
+    try:
+        spec = load_spec(args.space)
+    except (OSError, ValueError) as e:
+        print(f"error: {args.space}: {describe_errors(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    storage = os.path.abspath(args.storage)
+    study_dir = os.path.join(storage, spec.name)
+    tune_dir = os.path.join(study_dir, "tune")
+    concurrency = default_concurrency(spec, cluster_cpus(address))
+    if args.dry_run:
+        print("\n".join(plan_lines(spec, concurrency)))
+        return 0
+    if os.path.exists(tune_dir) and not args.resume:
+        print(f"error: study {spec.name!r} already exists in {study_dir}; pass --resume to continue it, "
+              "or choose another --storage or name", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.resume and not os.path.exists(tune_dir):
+        print(f"error: --resume: no study {spec.name!r} in {study_dir}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from study.tuning import run_study
+
+    os.makedirs(study_dir, exist_ok=True)
+    tracking_uri = args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
+    print("\n".join(plan_lines(spec, concurrency)), flush=True)
+    summary = run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume)
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"\nresults: {study_dir}/results.csv\nMLflow:  mlflow ui --backend-store-uri {tracking_uri}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

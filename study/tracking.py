@@ -1,0 +1,158 @@
+"""MLflow records of a study: experiment = study, a parent run for the study, a child per trial.
+
+A Tune `Callback` on the driver does all the logging (trials never talk to MLflow, so any tracking
+URI the driver reaches works, a SQLite file or a server). Children carry `mlflow.parentRunId` and
+tags with their cell's factors, so the UI can group and compare by factor. Runs are found again by
+tag on `--resume` (the parent by study, a child by Tune trial id), so nothing is duplicated.
+
+Extrapolation is logged as `acc_len/k{K}` (and `exact_len/k{K}`) with step = test length, because
+MLflow plots metrics against step: the UI's chart of `acc_len/k3` is accuracy against length.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+from study.spec import StudySpec, flat_params
+
+PARENT_TAG = "study.parent"
+TRIAL_TAG = "tune.trial_id"
+
+
+def open_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location)
+
+
+def find_run(client: MlflowClient, experiment_id: str, **tags: str):
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs([experiment_id], filter_string=query, max_results=1)
+    return runs[0] if runs else None
+
+
+class StudyTracker(Callback):
+    def __init__(self, spec: StudySpec, tracking_uri: str, artifact_location: str | None = None):
+        self.spec = spec
+        self.tracking_uri = tracking_uri
+        self.client = MlflowClient(tracking_uri)
+        self.experiment_id = open_experiment(self.client, spec.name, artifact_location)
+        parent = find_run(self.client, self.experiment_id, **{PARENT_TAG: "true"})
+        if parent is None:
+            parent = self.client.create_run(
+                self.experiment_id,
+                run_name=spec.name,
+                tags={PARENT_TAG: "true", "mlflow.note.content": spec.description},
+            )
+            self.client.log_dict(parent.info.run_id, spec.model_dump(mode="json"), "study_spec.json")
+        else:
+            self.client.update_run(parent.info.run_id, status="RUNNING")
+        self.parent_id = parent.info.run_id
+        self.children: dict[str, str] = {}  # Tune trial id -> MLflow run id
+        self.cells = {c.index: c for c in spec.cells()}
+
+    def __getstate__(self):  # Tune pickles its callbacks with the experiment; the client is rebuilt
+        return {k: v for k, v in self.__dict__.items() if k != "client"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.client = MlflowClient(self.tracking_uri)
+
+    # --- child runs -----------------------------------------------------------------------
+    def _child(self, trial) -> str:
+        if trial.trial_id in self.children:
+            return self.children[trial.trial_id]
+        found = find_run(self.client, self.experiment_id, **{TRIAL_TAG: trial.trial_id})
+        if found is not None:  # resumed study: keep the trial's run
+            run_id = found.info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            cell = self.cells[trial.config["cell"]]
+            tags = {
+                "mlflow.parentRunId": self.parent_id,
+                TRIAL_TAG: trial.trial_id,
+                "cell": cell.label,
+                **{f"factor.{k}": str(v) for k, v in cell.factors.items()},
+            }
+            run = self.client.create_run(
+                self.experiment_id, run_name=f"{cell.label} #{trial.trial_id[-5:]}", tags=tags
+            )
+            run_id = run.info.run_id
+            params = flat_params(trial.config["trial"])
+            params.update({f"search.{k}": v for k, v in trial.config["params"].items()})
+            self.client.log_batch(
+                run_id, params=[Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+            )
+        self.children[trial.trial_id] = run_id
+        return run_id
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._child(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        run_id = self._child(trial)
+        step = int(result.get("step", result.get("training_iteration", 0)))
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(k, float(v), now, step)
+            for k, v in result.items()
+            if _is_metric(k, v)
+        ]
+        records = result.get("eval_records")
+        if records:
+            metrics += self._extrapolation_metrics(records, now)
+            self.client.log_text(run_id, _records_csv(records), "eval/records.csv")
+        for i in range(0, len(metrics), 900):
+            self.client.log_batch(run_id, metrics=metrics[i : i + 900])
+
+    def _extrapolation_metrics(self, records: list[dict], now: int) -> list[Metric]:
+        primary = records[0]["ids"]  # the model's own ids come first (PPC: predicted)
+        out = []
+        for r in records:
+            if r["ids"] != primary:
+                suffix = f"/{r['ids']}"
+            else:
+                suffix = ""
+            k = "all" if r["k"] is None else r["k"]
+            out.append(Metric(f"acc_len/k{k}{suffix}", r["answer_acc"], now, int(r["length"])))
+            out.append(Metric(f"exact_len/k{k}{suffix}", r["exact_match"], now, int(r["length"])))
+        return out
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.client.set_terminated(self._child(trial), "FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.client.set_terminated(self._child(trial), "FAILED")
+
+    # --- the study ------------------------------------------------------------------------
+    def finish(self, status: str, artifacts: dict[str, str] | None = None) -> None:
+        """End the study's runs: children still running are KILLED (interrupted)."""
+        for run_id in self.children.values():
+            if self.client.get_run(run_id).info.status == "RUNNING":
+                self.client.set_terminated(run_id, "KILLED")
+        for path in (artifacts or {}).values():
+            self.client.log_artifact(self.parent_id, path)
+        self.client.set_terminated(self.parent_id, status)
+
+
+def _is_metric(key: str, value) -> bool:
+    if key in ("step", "training_iteration", "timestamp", "time_this_iter_s", "time_total_s",
+               "pid", "done", "iterations_since_restore", "time_since_restore"):
+        return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _records_csv(records: list[dict]) -> str:
+    import pandas as pd
+
+    buf = io.StringIO()
+    pd.DataFrame(records).to_csv(buf, index=False)
+    return buf.getvalue()
+

@@ -1,0 +1,118 @@
+"""The study as one Ray Tune experiment: Tuner (or Tuner.restore), searcher, scheduler, tracker."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pandas as pd
+
+from study.report import write_report
+from study.spec import StudySpec
+from study.tracking import StudyTracker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start_ray(address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    quiet = dict(logging_level="WARNING", log_to_driver=False, configure_logging=True)
+    if address:
+        ray.init(address=address, **quiet)
+    else:
+        # embedded local Ray; workers import the project from this checkout even if not installed
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+        ray.init(runtime_env={"env_vars": env}, include_dashboard=True, **quiet)
+
+
+def run_study(
+    spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
+    max_concurrent: int | None, resume: bool,
+) -> pd.DataFrame:
+    """Run (or resume) the study; write the report; return the per-cell summary."""
+    # one experiment snapshot per checkpoint is what resume needs; don't warn about it
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic table, with the columns we choose
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard; JSON/CSV below
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    from study.search import CellASHA, CellSearcher
+    from study.trial import run_trial, trial_resources
+
+    start_ray(address)
+    r = spec.resources
+    resources = {**r.model_dump(), "storage": study_dir}
+    trainable = tune.with_resources(run_trial, trial_resources(resources))
+    artifact_location = None if "://" in tracking_uri and not tracking_uri.startswith("sqlite") else (
+        os.path.join(study_dir, "..", "mlartifacts", spec.name)
+    )
+    tracker = StudyTracker(spec, tracking_uri, artifact_location and os.path.abspath(artifact_location))
+    tune_dir = os.path.join(study_dir, "tune")
+    status = "FAILED"
+    try:
+        if resume:
+            tuner = tune.Tuner.restore(tune_dir, trainable, resume_errored=True)
+        else:
+            reports = max(1, spec.base.get("optim", {}).get("steps", 1000)
+                          // spec.base.get("eval", {}).get("every_steps", 100))
+            scheduler = (
+                CellASHA(spec.objective.metric, spec.objective.mode, reports,
+                         spec.scheduler.grace_period, spec.scheduler.reduction_factor)
+                if spec.scheduler.type == "asha" else None
+            )
+            tuner = tune.Tuner(
+                trainable,
+                tune_config=tune.TuneConfig(
+                    search_alg=CellSearcher(spec, resources),
+                    scheduler=scheduler,
+                    num_samples=len(spec.cells()) * spec.trials_per_cell,
+                    max_concurrent_trials=max_concurrent,
+                    reuse_actors=False,
+                    trial_name_creator=_trial_name,
+                    trial_dirname_creator=_trial_name,
+                ),
+                run_config=tune.RunConfig(
+                    name="tune",
+                    storage_path=study_dir,
+                    failure_config=tune.FailureConfig(max_failures=r.max_failures),
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                    callbacks=[tracker, JsonLoggerCallback(), CSVLoggerCallback()],
+                    verbose=1,
+                    progress_reporter=tune.CLIReporter(
+                        metric_columns={"step": "step", spec.objective.metric: spec.objective.metric,
+                                        "acc_beyond": "acc_beyond"},
+                        parameter_columns={"params": "searched"},
+                        max_report_frequency=15,
+                        max_column_length=40,
+                    ),
+                ),
+            )
+        if resume:  # a restored Tuner keeps the callbacks it was pickled with; use this run's tracker
+            callbacks = tuner._local_tuner.get_run_config().callbacks
+            callbacks[:] = [tracker if isinstance(c, StudyTracker) else c for c in callbacks]
+        grid = tuner.fit()
+        trials = [
+            {"trial_id": res.metrics.get("trial_id") if res.metrics else os.path.basename(res.path),
+             "config": res.config, "metrics": res.metrics, "status": "ERROR" if res.error else "TERMINATED"}
+            for res in grid
+        ]
+        summary, files = write_report(spec, trials, study_dir)
+        status = "FINISHED" if not any(t["status"] == "ERROR" for t in trials) else "FAILED"
+        tracker.finish(status, files)
+        return summary
+    except KeyboardInterrupt:
+        status = "KILLED"
+        tracker.finish(status)
+        print("interrupted: resume with --resume", file=sys.stderr)
+        raise
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+
+
+def _trial_name(trial) -> str:
+    return f"cell{trial.config['cell']}-{trial.trial_id}"
