@@ -15,7 +15,6 @@ either as an absolute id (classes 0..max_position-1) or as a delta from the curr
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from study.spec import StudySpec
 
-SUMMARY_COLUMNS = ["val_exact", "acc_in_dist", "acc_beyond", "exact_in_dist", "exact_beyond"]
+SUMMARY_COLUMNS = ["val_exact", "val_loss", "acc_in_dist", "acc_beyond", "exact_in_dist", "exact_beyond"]
 
 
 def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
@@ -40,12 +40,14 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
 
 
 def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, the trial with the best objective (ties: the earlier trial)."""
+    """Per cell, the trial with the best objective (ties: the lower validation loss)."""
     if results.empty:
         return results
     metric, ascending = spec.objective.metric, spec.objective.mode == "min"
     trials = results.drop_duplicates("trial_id")
-    best = trials.sort_values([metric, "trial_id"], ascending=[ascending, True]).groupby("cell", sort=False).head(1)
+    by = [metric, "val_loss", "trial_id"] if metric != "val_loss" else [metric, "trial_id"]
+    order = [ascending, True, True][: len(by)]
+    best = trials.sort_values(by, ascending=order).groupby("cell", sort=False).head(1)
     cols = ["cell", "trial_id", "seed", *[c for c in trials.columns if c.startswith("search.")],
             *dict.fromkeys([metric, *SUMMARY_COLUMNS])]
     order = {c.label: c.index for c in spec.cells()}
@@ -53,27 +55,38 @@ def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_accuracy(results: pd.DataFrame, selected: pd.DataFrame, path: str, train_lengths: dict) -> str:
+    """One panel per cell (its selected trial): accuracy against test length, a line per k_test."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for _, row in selected.iterrows():
+    n = len(selected)
+    cols = min(3, n)
+    rows_n = -(-n // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False, sharey=True)
+    ks = sorted(k for k in results.k.dropna().unique())
+    cmap = plt.get_cmap("viridis", max(len(ks), 2))
+    for ax, (_, row) in zip(axes.flat, selected.iterrows()):
         rows = results[results.trial_id == row.trial_id]
         primary = rows.ids.iloc[0]
         rows = rows[rows.ids == primary]
         for k, group in rows.groupby("k", dropna=False):
-            label = row.cell + ("" if pd.isna(k) else f", k={int(k)}") + ("" if primary == "sequential" else f" ({primary})")
-            ax.plot(group.length, group.answer_acc, marker="o", label=label)
-    for length in sorted(set(train_lengths.values())):
-        ax.axvline(length, color="grey", ls=":", lw=1)
-    ax.set_xlabel("test length (dotted: train length)")
-    ax.set_ylabel("answer accuracy")
-    ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+            color = "C0" if pd.isna(k) else cmap(ks.index(k))
+            ax.plot(group.length, group.answer_acc, marker="o", color=color,
+                    label="all" if pd.isna(k) else f"k={int(k)}")
+        ax.axvline(train_lengths.get(row.trial_id, 0), color="grey", ls=":", lw=1)
+        ax.set_title(row.cell + ("" if primary == "sequential" else f" ({primary} ids)"), fontsize=8)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("test length (dotted: train length)", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("answer accuracy")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 

@@ -2,8 +2,8 @@
 
 The loop calls `session.report(metrics, checkpoint_dir)` and asks `session.restore_dir()` for a
 checkpoint to resume from. In-process (`python -m study.train`) a `LocalSession` prints progress;
-under Ray Train a `RaySession` forwards to `ray.train.report` / `ray.train.get_checkpoint`.
-The loop itself never imports Ray.
+under Ray (study/trial.py) a session forwards to Ray Tune or Ray Train's report and checkpoint
+APIs. The loop itself never imports Ray.
 """
 
 from __future__ import annotations
@@ -48,16 +48,6 @@ class LocalSession:
     @contextmanager
     def restore_dir(self) -> Iterator[str | None]:
         yield None
-
-
-def current_session() -> Session:
-    """RaySession inside a Ray Train worker, else LocalSession."""
-    if "ray.train" in sys.modules or "ray" in sys.modules:
-        from study.ray_session import RaySession, in_ray_train
-
-        if in_ray_train():
-            return RaySession()
-    return LocalSession()
 
 
 def _free_port() -> int:

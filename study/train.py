@@ -23,7 +23,7 @@ import torch
 from models import generation_modes, training_ids
 from study.config import TrialConfig, describe_errors, load_trial_config
 from study.evaluate import Tensors, evaluate_grid, next_token_loss, validate
-from study.session import Session, current_session, setup_distributed
+from study.session import LocalSession, Session, setup_distributed
 
 
 def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
@@ -74,7 +74,7 @@ def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
 def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = None) -> dict:
     """Train and evaluate one trial. Returns {"metrics": final metrics, "records": grid records}."""
     cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
-    session = session or current_session()
+    session = session or LocalSession()
     import deepspeed
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -99,9 +99,19 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
             _, client = engine.load_checkpoint(ckpt, tag="checkpoint")
             start = int(client["step"])
 
-    metrics: dict = {}
+    parts: dict = {}
     t0, tokens_seen = time.time(), 0
     engine.train()
+
+    def progress(step: int) -> dict:
+        return {
+            "step": step,
+            **parts,
+            "lr": float(engine.lr_scheduler.get_last_lr()[0]),
+            "tokens_per_s": tokens_seen * world / max(time.time() - t0, 1e-9),
+            **validate(engine, model, val_batches, pos.ids, w, device),
+        }
+
     for step in range(start + 1, cfg.optim.steps + 1):
         batch = task.sample(micro, np.random.default_rng([cfg.seed, rank, step]))
         ids = training_ids(pos.ids, batch.position_ids, batch.seq_len, pos.max_position,
@@ -110,21 +120,15 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         engine.backward(loss)
         engine.step()
         tokens_seen += int(batch.seq_len.sum())
-        if step % cfg.eval.every_steps == 0 or step == cfg.optim.steps:
-            metrics = {
-                "step": step,
-                **parts,
-                "lr": float(engine.lr_scheduler.get_last_lr()[0]),
-                "tokens_per_s": tokens_seen * world / (time.time() - t0),
-                **validate(engine, model, val_batches, pos.ids, w, device),
-            }
-            if step < cfg.optim.steps:
-                _report(session, engine, metrics, step)
+        if step % cfg.eval.every_steps == 0 and step < cfg.optim.steps:
+            _report(session, engine, progress(step), step)
+    # the last report: validation and the extrapolation grid (also when resumed at the very end)
+    metrics = progress(cfg.optim.steps)
     records = evaluate_grid(
         engine.module, task, pos.ids, cfg.grid(), cfg.eval.samples_per_cell, cfg.eval.batch_size,
         cfg.seed, rank, world, device,
     )
-    metrics = {**metrics, **summarize(records, cfg), "done": True}
+    metrics.update(summarize(records, cfg))
     _report(session, engine, {**metrics, "eval_records": records}, cfg.optim.steps)
     return {"metrics": metrics, "records": records}
 

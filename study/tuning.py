@@ -35,6 +35,9 @@ def run_study(
     """Run (or resume) the study; write the report; return the per-cell summary."""
     # one experiment snapshot per checkpoint is what resume needs; don't warn about it
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # snapshot the experiment at every controller step (it is small), so a trial MLflow shows as
+    # finished is also finished for Tune if the driver dies right after: --resume won't rerun it
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic table, with the columns we choose
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard; JSON/CSV below
     from ray import tune
