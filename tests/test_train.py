@@ -137,3 +137,45 @@ def test_cli_prints_the_evaluation_table(tmp_path):
     path.write_text(yaml.safe_dump(config(eval={"ks": [1, 20]})))
     bad = subprocess.run([sys.executable, "-m", "study.train", str(path)], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "eval.ks" in bad.stderr
+
+
+class Interrupted(Exception):
+    pass
+
+
+class FolderSession:
+    """Keeps the latest DeepSpeed checkpoint in a folder; can die after N reports (a crash)."""
+
+    checkpointing = True
+
+    def __init__(self, folder, die_after=None, restore=False):
+        self.folder, self.die_after, self.restore = folder, die_after, restore
+        self.reports = []
+
+    def report(self, metrics, checkpoint_dir=None):
+        import shutil
+
+        self.reports.append(metrics)
+        shutil.copytree(checkpoint_dir, self.folder, dirs_exist_ok=True)
+        if self.die_after and len(self.reports) >= self.die_after:
+            raise Interrupted
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def restore_dir(self):
+        yield str(self.folder) if self.restore else None
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(tmp_path, stage):
+    cfg = config(optim={"steps": 12}, eval={"every_steps": 4}, deepspeed={"zero_stage": stage})
+    whole = train_loop_per_worker(cfg, FolderSession(tmp_path / "whole"))
+    with pytest.raises(Interrupted):
+        train_loop_per_worker(cfg, FolderSession(tmp_path / "crash", die_after=1))  # dies at step 4
+    resumed_session = FolderSession(tmp_path / "crash", restore=True)
+    resumed = train_loop_per_worker(cfg, resumed_session)
+    assert [r["step"] for r in resumed_session.reports] == [8, 12]  # it did not start over
+    drop = lambda m: {k: v for k, v in m.items() if k != "tokens_per_s"}  # noqa: E731
+    assert drop(resumed["metrics"]) == drop(whole["metrics"])
+    assert resumed["records"] == whole["records"]
