@@ -15,6 +15,7 @@ either as an absolute id (classes 0..max_position-1) or as a delta from the curr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,6 +74,9 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        # analyses set this to True to keep the last query's attention weights [B, H, Tk]
+        self.record_last_query = False
+        self.last_query_attention: torch.Tensor | None = None
 
     def forward(
         self,
@@ -100,6 +104,11 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=bias, is_causal=causal, dropout_p=self.cfg.dropout if self.training else 0.0
         )
+        if self.record_last_query:
+            scores = q[:, :, -1:] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if bias is not None:
+                scores = scores + bias[:, :, -1:]
+            self.last_query_attention = scores.softmax(-1)[:, :, 0]
         return self.proj(y.transpose(1, 2).reshape(B, T, C)), (k, v, key_ids)
 
 

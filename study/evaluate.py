@@ -151,6 +151,37 @@ def evaluate_cell(
     return records
 
 
+@torch.no_grad()
+def evaluate_loss_cell(
+    module: DecoderLM, task: Task, scheme: IdScheme, length: int, samples: int, batch_size: int,
+    rng: np.random.Generator, device,
+) -> list[dict]:
+    """Teacher-forced loss on held-out windows of one length (language modeling): the mean over all
+    positions, and over positions past the train length, where extrapolation shows."""
+    was_training = module.training
+    module.eval()
+    sums = np.zeros(5)  # loss sum, tokens, right, tail loss sum, tail tokens
+    done = 0
+    while done < samples:
+        batch = task.sample(min(batch_size, samples - done), rng, length=length)
+        done += len(batch)
+        x = Tensors.of(batch, inference_ids(scheme, batch.position_ids), device)
+        logits, _, _ = module(x.tokens[:, :-1], x.ids[:, :-1])
+        mask = x.loss_mask[:, 1:]
+        loss = F.cross_entropy(logits.float().transpose(1, 2), x.tokens[:, 1:], reduction="none")
+        tail = mask & (torch.arange(1, x.tokens.shape[1], device=device) >= task.train_length)
+        sums += [loss[mask].sum().item(), mask.sum().item(),
+                 ((logits.argmax(-1) == x.tokens[:, 1:]) & mask).sum().item(),
+                 loss[tail].sum().item(), tail.sum().item()]
+    module.train(was_training)
+    loss_sum, n, right, tail_sum, tail_n = _all_sum(list(sums), device)
+    return [{
+        "length": length, "k": None, "ids": generation_modes(scheme)[0], "loss": loss_sum / n,
+        "loss_beyond_train": tail_sum / tail_n if tail_n else float("nan"),
+        "answer_acc": right / n, "exact_match": float("nan"), "n": done,
+    }]
+
+
 def evaluate_grid(
     module: DecoderLM, task: Task, scheme: IdScheme, cells: list[tuple[int, int | None]],
     samples_per_cell: int, batch_size: int, seed: int, rank: int, world_size: int, device,
@@ -159,8 +190,12 @@ def evaluate_grid(
     per_rank = -(-samples_per_cell // world_size)
     records = []
     for length, k in cells:
-        rng = np.random.default_rng([seed, 7919, length, -1 if k is None else k, rank])
-        for rec in evaluate_cell(module, task, scheme, length, k, per_rank, batch_size, rng, device):
+        rng = np.random.default_rng([seed, 7919, length, 0 if k is None else k, rank])  # k >= 1
+        if task.evaluation == "loss":
+            cell = evaluate_loss_cell(module, task, scheme, length, per_rank, batch_size, rng, device)
+        else:
+            cell = evaluate_cell(module, task, scheme, length, k, per_rank, batch_size, rng, device)
+        for rec in cell:
             rec["in_distribution"] = length <= task.train_length and (k is None or k <= task.train_k)
             records.append(rec)
     return records

@@ -30,6 +30,7 @@ def parse_args(argv):
     p.add_argument("--resume", action="store_true", help="continue an interrupted study")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--cluster", help="with --dry-run: a cluster-launcher YAML; show the node type trials land on")
     return p.parse_args(argv)
 
 
@@ -55,6 +56,35 @@ def plan_lines(spec: StudySpec, max_concurrent: int | None) -> list[str]:
     ]
     for c in cells:
         lines.append(f"  cell {c.index}: {c.label}")
+    return lines
+
+
+def placement_lines(spec: StudySpec, cluster_yaml: str, max_concurrent: int | None) -> list[str]:
+    """Which node type of a cluster config the trials' workers land on, and whether the study's
+    concurrency fits the node types' max_workers."""
+    import yaml
+
+    with open(cluster_yaml) as f:
+        types = yaml.safe_load(f).get("available_node_types", {})
+    r = spec.resources
+    need = {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
+    fits = []
+    for name, node in types.items():
+        have = node.get("resources", {})
+        per_node = min(int(have.get(k, 0) // v) for k, v in need.items() if v > 0)
+        if per_node >= 1:
+            fits.append((have.get("GPU", 0), have.get("CPU", 0), name, per_node, node.get("max_workers", 0)))
+    if not fits:
+        return [f"  node type: none in {cluster_yaml} fits a worker needing {need}"]
+    fits.sort()
+    gpus, cpus, name, per_node, _ = fits[0]
+    lines = [f"  node type: workers land on {name} ({gpus:g} GPU, {cpus:g} CPU; {per_node} worker(s) per node)"
+             + (f"; also fit: {', '.join(f[2] for f in fits[1:])}" if len(fits) > 1 else "")]
+    capacity = sum(f[3] * f[4] for f in fits)
+    wanted = (max_concurrent or 1) * r.workers_per_trial
+    if wanted > capacity:
+        lines.append(f"  warning: {max_concurrent} concurrent trials x {r.workers_per_trial} worker(s) need "
+                     f"{wanted} worker slots; the fitting node types' max_workers give {capacity}")
     return lines
 
 
@@ -84,7 +114,14 @@ def main(argv=None) -> int:
     tune_dir = os.path.join(study_dir, "tune")
     concurrency = default_concurrency(spec, cluster_cpus(address))
     if args.dry_run:
-        print("\n".join(plan_lines(spec, concurrency)))
+        lines = plan_lines(spec, concurrency)
+        if args.cluster:
+            try:
+                lines[5:5] = placement_lines(spec, args.cluster, concurrency)
+            except OSError as e:
+                print(f"error: --cluster: {e}", file=sys.stderr)
+                return EXIT_BAD_INPUT
+        print("\n".join(lines))
         return 0
     if os.path.exists(tune_dir) and not args.resume:
         print(f"error: study {spec.name!r} already exists in {study_dir}; pass --resume to continue it, "

@@ -56,6 +56,9 @@ class StudyTracker(Callback):
             self.client.update_run(parent.info.run_id, status="RUNNING")
         self.parent_id = parent.info.run_id
         self.children: dict[str, str] = {}  # Tune trial id -> MLflow run id
+        # runs already FINISHED when a resumed study restores their trial (the driver died between
+        # MLflow's record and Tune's): their record is complete and is left exactly as it is
+        self.sealed: set[str] = set()
         self.cells = {c.index: c for c in spec.cells()}
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment; the client is rebuilt
@@ -72,7 +75,10 @@ class StudyTracker(Callback):
         found = find_run(self.client, self.experiment_id, **{TRIAL_TAG: trial.trial_id})
         if found is not None:  # resumed study: keep the trial's run
             run_id = found.info.run_id
-            self.client.update_run(run_id, status="RUNNING")
+            if found.info.status == "FINISHED":
+                self.sealed.add(run_id)
+            else:
+                self.client.update_run(run_id, status="RUNNING")
         else:
             cell = self.cells[trial.config["cell"]]
             tags = {
@@ -98,6 +104,8 @@ class StudyTracker(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._child(trial)
+        if run_id in self.sealed:
+            return
         step = int(result.get("step", result.get("training_iteration", 0)))
         now = int(time.time() * 1000)
         metrics = [
@@ -126,7 +134,9 @@ class StudyTracker(Callback):
         return out
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.client.set_terminated(self._child(trial), "FINISHED")
+        run_id = self._child(trial)
+        if run_id not in self.sealed:
+            self.client.set_terminated(run_id, "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.client.set_terminated(self._child(trial), "FAILED")

@@ -63,12 +63,15 @@ def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
     inside = [r for r in rows if r["in_distribution"]]
     beyond = [r for r in rows if r["length"] > cfg.task_obj.train_length]
     mean = lambda rs, key: float(np.mean([r[key] for r in rs])) if rs else float("nan")  # noqa: E731
-    return {
+    summary = {
         "acc_in_dist": mean(inside, "answer_acc"),
         "acc_beyond": mean(beyond, "answer_acc"),
         "exact_in_dist": mean(inside, "exact_match"),
         "exact_beyond": mean(beyond, "exact_match"),
     }
+    if rows and "loss" in rows[0]:  # language modeling: loss at and beyond the train length
+        summary.update(loss_in_dist=mean(inside, "loss"), loss_beyond=mean(beyond, "loss"))
+    return summary
 
 
 def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = None) -> dict:
@@ -91,13 +94,17 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     # held-out in-distribution set: a different stream from training, sharded over ranks
     val_rng = np.random.default_rng([cfg.seed, 104729, rank])
     n_val, bs = -(-cfg.eval.val_samples // world), cfg.eval.batch_size
-    val_batches = [task.sample(min(bs, n_val - i), val_rng) for i in range(0, n_val, bs)]
+    val_batches = [task.validation_sample(min(bs, n_val - i), val_rng) for i in range(0, n_val, bs)]
 
-    start = 0
+    start, client = 0, {}
     with session.restore_dir() as ckpt:
         if ckpt is not None:
             _, client = engine.load_checkpoint(ckpt, tag="checkpoint")
             start = int(client["step"])
+    if "final" in client:  # restored after the last report (the driver died before noting it): resend
+        final = client["final"]
+        _report(session, engine, final, start, final=True)
+        return {"metrics": {k: v for k, v in final.items() if k != "eval_records"}, "records": final["eval_records"]}
 
     parts: dict = {}
     t0, tokens_seen = time.time(), 0
@@ -129,17 +136,22 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         cfg.seed, rank, world, device,
     )
     metrics.update(summarize(records, cfg))
-    _report(session, engine, {**metrics, "eval_records": records}, cfg.optim.steps)
+    _report(session, engine, {**metrics, "eval_records": records}, cfg.optim.steps, final=True)
     return {"metrics": metrics, "records": records}
 
 
-def _report(session: Session, engine, metrics: dict, step: int) -> None:
-    """Report metrics; with a checkpointing session, save a DeepSpeed checkpoint alongside (all ranks)."""
+def _report(session: Session, engine, metrics: dict, step: int, final: bool = False) -> None:
+    """Report metrics; with a checkpointing session, save a DeepSpeed checkpoint alongside (all
+    ranks). The last checkpoint also holds the final report, so a trial restored after it
+    re-sends it instead of evaluating again."""
     if not session.checkpointing:
         session.report(metrics)
         return
+    state = {"step": step}
+    if final:
+        state["final"] = metrics
     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
-        engine.save_checkpoint(tmp, tag="checkpoint", client_state={"step": step})
+        engine.save_checkpoint(tmp, tag="checkpoint", client_state=state)
         session.report(metrics, tmp)
 
 

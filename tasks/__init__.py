@@ -1,4 +1,4 @@
-"""Synthetic length-generalization tasks with coupled position ids.
+"""Synthetic length-generalization tasks with coupled position ids, plus byte-level LM (`lm`).
 
 Use `get_task(name, **params)` to build a task, then `task.sample(batch_size, rng, length, k)`.
 """
@@ -10,6 +10,7 @@ from typing import Any
 from .addition import AdditionTask
 from .base import Batch, Task, TaskParamError, Vocab
 from .copy_task import CopyTask
+from .lm import LMTask
 from .parity_scratchpad import ParityScratchpadTask
 from .sparse_parity import SparseParityTask
 from .variable_assignment import VariableAssignmentTask
@@ -22,6 +23,7 @@ TASKS: dict[str, type[Task]] = {
         VariableAssignmentTask,
         CopyTask,
         AdditionTask,
+        LMTask,
     )
 }
 

@@ -136,6 +136,9 @@ class Task(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     uses_k: ClassVar[bool]
+    # how a test cell is scored: "generate" (greedy decoding of the targets, answer accuracy)
+    # or "loss" (teacher-forced loss per token, for language modeling)
+    evaluation: ClassVar[str] = "generate"
     default_train_length: ClassVar[int]
     default_train_k: ClassVar[int | None] = None
 
@@ -259,6 +262,16 @@ class Task(ABC):
                     )
                 ks = rng.integers(self.min_k, hi + 1, dtype=np.int64)  # type: ignore[arg-type]
         return self._generate(lengths, ks, rng)
+
+    def validation_sample(self, batch_size: int, rng: np.random.Generator) -> Batch:
+        """A batch for the held-out in-distribution validation set (the training loop uses it).
+
+        By default a fresh draw from the training distribution: synthetic samples are generated
+        on the fly, so new ones are held out by construction. Tasks over a fixed dataset (the
+        `lm` corpus) override this to draw from their validation split instead, since fresh
+        draws of training data would not be held out.
+        """
+        return self.sample(batch_size, rng)
 
     def to_records(self, batch: Batch) -> list[dict]:
         """One JSON-ready dict per sample, padding stripped (the CLI's output format)."""

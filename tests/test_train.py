@@ -1,5 +1,6 @@
 """The training loop with real DeepSpeed engines (gloo on CPU), its config and evaluation."""
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,36 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(tmp_path, s
     drop = lambda m: {k: v for k, v in m.items() if k != "tokens_per_s"}  # noqa: E731
     assert drop(resumed["metrics"]) == drop(whole["metrics"])
     assert resumed["records"] == whole["records"]
+
+
+@pytest.mark.parametrize("task", ["copy", "addition"])
+def test_tasks_without_k_train_and_evaluate(task):
+    cfg = config(task={"name": task, "params": {"train_length": 4, "min_length": 1}},
+                 positional={"encoding": "learned", "ids": "coupled", "max_position": 32},
+                 eval={"lengths": [4, 6], "ks": None})
+    out = train_loop_per_worker(cfg)
+    assert [(r["length"], r["k"], r["ids"]) for r in out["records"]] == [(4, None, "coupled"), (6, None, "coupled")]
+    assert [r["in_distribution"] for r in out["records"]] == [True, False]
+
+
+def test_language_model_is_evaluated_by_loss_per_length():
+    cfg = config(task={"name": "lm", "params": {"train_length": 32, "max_bytes": 200_000}},
+                 positional={"encoding": "rope", "ids": "pose", "max_position": 64},
+                 eval={"lengths": [16, 64], "ks": None, "samples_per_cell": 8, "val_samples": 16},
+                 optim={"steps": 8, "batch_size": 8})
+    out = train_loop_per_worker(cfg)
+    short, long = out["records"]
+    assert short["length"] == 16 and math.isnan(short["loss_beyond_train"])  # no position past 32
+    assert long["length"] == 64 and 0 < long["loss_beyond_train"] < 10
+    assert 0 < out["metrics"]["loss_in_dist"] < math.log(258) + 1  # near or below uniform over bytes
+    assert out["metrics"]["val_loss"] > 0
+
+
+def test_a_run_restored_after_its_last_report_resends_it_without_work(tmp_path):
+    cfg = config(optim={"steps": 8}, eval={"every_steps": 4})
+    first = FolderSession(tmp_path / "ckpt")
+    done = train_loop_per_worker(cfg, first)
+    again = FolderSession(tmp_path / "ckpt", restore=True)
+    resent = train_loop_per_worker(cfg, again)
+    assert len(again.reports) == 1 and again.reports[0] == first.reports[-1]
+    assert resent["records"] == done["records"]

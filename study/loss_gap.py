@@ -1,0 +1,196 @@
+"""How sparse is real text? The loss gap L_short - L_long and how much of it k tokens recover.
+
+For a target token t with L_bar tokens of context (after Golowich et al. 2025, Figures 4-5):
+- L_long:             loss on t with all L_bar previous tokens visible;
+- L_short:            only the last L tokens visible;
+- L_short,sparse(k):  the last L tokens plus k chosen earlier tokens J_1..J_k visible.
+Gap recovered(k) = (L_short - L_short,sparse(k)) / (L_short - L_long).
+
+"Visible" is enforced for the whole computation, not only at the target's query: every token keeps
+attending to itself, and no token may attend to a hidden one, so nothing about a hidden token
+reaches the target through another position in a deeper layer. Each visibility pattern is one row
+of a batch (the model's `visible` mask), so the analysis is bounded by model compute.
+
+Choosing the k tokens (`method`):
+- greedy:    add, k times, the earlier token whose unmasking lowers the loss most (exact; k x C rows)
+- gain:      rank earlier tokens by their gain when unmasked alone on top of the short window (C rows)
+- attention: rank earlier tokens by the target query's attention mass in a full-context pass (1 row)
+C = L_bar - L candidates per target.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+Method = Literal["greedy", "gain", "attention"]
+
+
+@dataclass
+class GapConfig:
+    long_context: int = 256  # L_bar: tokens before the target
+    short_context: int = 32  # L
+    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    method: Method = "gain"
+    targets: int = 64  # target tokens (one per sampled window)
+    rows_per_batch: int = 64  # visibility patterns per forward pass
+    min_gap: float = 0.05  # tokens whose L_short - L_long is below this are too flat to count
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0 < self.short_context < self.long_context:
+            raise ValueError(f"short_context: {self.short_context} must be in (0, long_context={self.long_context})")
+        if not self.ks or min(self.ks) < 1 or max(self.ks) > self.long_context - self.short_context:
+            raise ValueError(f"ks: each k must be in [1, long_context - short_context = "
+                             f"{self.long_context - self.short_context}], got {self.ks}")
+
+
+class TargetScorer:
+    """Loss of the last token of a window under many visibility patterns, batched.
+
+    `model(tokens, position_ids, visible=...)` returns logits first (DecoderLM and the Hugging Face
+    adapter both do). Windows have L_bar + 1 tokens: the context and the target.
+    """
+
+    def __init__(self, model, device="cpu", rows_per_batch: int = 64):
+        self.model, self.device, self.rows = model, torch.device(device), rows_per_batch
+
+    @torch.no_grad()
+    def losses(self, window: torch.Tensor, key_masks: torch.Tensor) -> torch.Tensor:
+        """window [L_bar + 1]; key_masks [V, L_bar] (True = visible). Returns the target's loss [V]."""
+        context, target = window[:-1], window[-1]
+        T = context.shape[0]
+        ids = torch.arange(T, device=self.device)
+        eye = torch.eye(T, dtype=torch.bool, device=self.device)
+        out = []
+        for chunk in key_masks.split(self.rows):
+            V = chunk.shape[0]
+            visible = chunk[:, None, :] | eye  # every token sees itself; hidden keys stay hidden
+            logits = self.model(context.expand(V, T), ids.expand(V, T), visible=visible)[0][:, -1]
+            out.append(F.cross_entropy(logits.float(), target.expand(V), reduction="none"))
+        return torch.cat(out)
+
+    @torch.no_grad()
+    def attention_mass(self, window: torch.Tensor) -> torch.Tensor:
+        """The target query's attention to each context position, mean over heads, sum over layers."""
+        attns = [m for m in self.model.modules() if hasattr(m, "record_last_query")]
+        if not attns:
+            raise ValueError("method: attention needs a model that exposes attention (use greedy or gain)")
+        for a in attns:
+            a.record_last_query = True
+        try:
+            context = window[:-1][None]
+            self.model(context, torch.arange(context.shape[1], device=self.device)[None])
+            return sum(a.last_query_attention[0].mean(0) for a in attns)
+        finally:
+            for a in attns:
+                a.record_last_query, a.last_query_attention = False, None
+
+
+def analyze_window(scorer: TargetScorer, window: torch.Tensor, cfg: GapConfig) -> list[dict]:
+    """All losses for one target; one record per k."""
+    Lb, L = cfg.long_context, cfg.short_context
+    C = Lb - L  # candidates: positions 0..C-1; the short window is C..Lb-1
+    dev = window.device
+    short = torch.zeros(Lb, dtype=torch.bool, device=dev)
+    short[C:] = True
+    base = torch.stack([torch.ones(Lb, dtype=torch.bool, device=dev), short])
+    l_long, l_short = scorer.losses(window, base).tolist()
+    kmax = max(cfg.ks)
+    eye = torch.eye(C, Lb, dtype=torch.bool, device=dev)  # row j unmasks candidate j
+    if cfg.method == "greedy":
+        chosen: list[int] = []
+        path: list[float] = []
+        current = short.clone()
+        for _ in range(kmax):
+            rows = current | eye
+            losses = scorer.losses(window, rows)
+            if chosen:
+                losses[chosen] = math.inf
+            j = int(losses.argmin())
+            chosen.append(j)
+            current[j] = True
+            path.append(float(losses[j]))
+        sparse = {k: path[k - 1] for k in cfg.ks}
+        order = chosen
+    else:
+        if cfg.method == "gain":
+            score = -scorer.losses(window, short | eye)  # lower loss alone = larger gain
+        elif cfg.method == "attention":
+            score = scorer.attention_mass(window)[:C]
+        else:
+            raise ValueError(f"method: unknown {cfg.method!r}; expected greedy, gain or attention")
+        order = score.argsort(descending=True)[:kmax].tolist()
+        rows = torch.stack([short.clone() for _ in cfg.ks])
+        for i, k in enumerate(cfg.ks):
+            rows[i, order[:k]] = True
+        sparse = dict(zip(cfg.ks, scorer.losses(window, rows).tolist()))
+    gap = l_short - l_long
+    records = []
+    for k in cfg.ks:
+        picked = sorted(order[:k])
+        records.append({
+            "k": k, "L_long": l_long, "L_short": l_short, "L_sparse": sparse[k], "gap": gap,
+            "recovered": (l_short - sparse[k]) / gap if gap >= cfg.min_gap else float("nan"),
+            "positions": picked, "distances": [Lb - j for j in picked],  # tokens back from the target
+        })
+    return records
+
+
+def run_analysis(model, windows: np.ndarray, cfg: GapConfig, device="cpu") -> tuple[pd.DataFrame, dict]:
+    """windows [N, L_bar + 1] token ids. Returns per-(target, k) records and timing."""
+    model.eval()
+    scorer = TargetScorer(model, device, cfg.rows_per_batch)
+    rows = []
+    start = time.perf_counter()
+    for n, window in enumerate(torch.as_tensor(windows, device=device)):
+        for rec in analyze_window(scorer, window, cfg):
+            rows.append({"target": n, **rec})
+    seconds = time.perf_counter() - start
+    return pd.DataFrame(rows), {"seconds": seconds, "seconds_per_1k_targets": 1000 * seconds / len(windows)}
+
+
+def summarize_gap(records: pd.DataFrame, min_gap: float) -> pd.DataFrame:
+    """Per k: mean and median gap recovered over tokens with a gap worth counting, how many were
+    counted and how many were too flat (L_short - L_long < min_gap), and the mean losses."""
+    by_k = records.groupby("k")
+    counted = records[records.gap >= min_gap].groupby("k").recovered
+    out = pd.DataFrame({
+        "recovered_mean": counted.mean(),
+        "recovered_median": counted.median(),
+        "tokens_counted": counted.size(),
+        "tokens_flat": records[records.gap < min_gap].groupby("k").size(),
+        "L_long": by_k.L_long.mean(),
+        "L_short": by_k.L_short.mean(),
+        "L_sparse": by_k.L_sparse.mean(),
+    }).reindex(sorted(records.k.unique()))
+    out[["tokens_counted", "tokens_flat"]] = out[["tokens_counted", "tokens_flat"]].fillna(0).astype(int)
+    return out.rename_axis("k").reset_index()
+
+
+def plot_gap(records: pd.DataFrame, path: str) -> str:
+    """Figure 4 analogue: loss drop from k tokens against the drop from the whole distant context."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for k, group in records.groupby("k"):
+        ax.scatter(group.L_short - group.L_long, group.L_short - group.L_sparse, s=8, alpha=0.6, label=f"k={k}")
+    lim = max(1e-3, float((records.L_short - records.L_long).abs().max()))
+    ax.plot([-lim, lim], [-lim, lim], color="grey", lw=1, ls=":")
+    ax.set_xlabel("L_short - L_long (whole distant context)")
+    ax.set_ylabel("L_short - L_short,sparse(k) (k tokens)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,361 @@
+"""The cluster configs in cluster/: offline checks of every file, and a one-machine rehearsal of the
+autoscaling path with real Ray.
+
+- Cluster-launcher YAMLs (aws, gcp, local) go through Ray's own `prepare_config` + `validate_config`.
+  Nothing reaches a cloud: `prepare_config` only merges the installed ray's provider defaults file.
+- Security invariants: no Ray/MLflow port open to the world, the dashboard and MLflow bind to
+  127.0.0.1, no credentials in any file.
+- KubeRay manifests: checked against the fields they use (see `test_kuberay_manifests`).
+- Drift: the node types of cluster/local.yaml mirror those of the cloud configs.
+- The rehearsal (`test_local_autoscaling_rehearsal`): `ray start --head` with cluster/local.yaml on
+  Ray's fake_multinode provider, the smoke study submitted with `ray job submit` so that every trial
+  needs a GPU (a logical one: the head has none), and the autoscaler has to add 1-GPU worker nodes,
+  then remove them when idle. The only thing not real is the cloud API (the fake provider starts
+  raylets on this machine instead of VMs); Ray, Tune, DeepSpeed and MLflow are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, stop_ray_started_here
+
+pytestmark = pytest.mark.slow
+
+CLUSTER = ROOT / "cluster"
+LAUNCHER = {name: CLUSTER / f"{name}.yaml" for name in ("aws", "gcp", "local")}
+KUBERAY = {name: CLUSTER / "kuberay" / f"{name}.yaml" for name in ("raycluster", "rayjob")}
+PRIVATE_PORTS = {6379, 8265, 10001, 5000}  # GCS, dashboard/job API, Ray client, MLflow
+WORLD = {"0.0.0.0/0", "::/0"}
+HEAD = "ray.head.default"
+GPU_1 = {"gpu_1_spot", "gpu_1_ondemand"}  # the 1-GPU twins (which one: cluster/README_SECTION.md)
+LABEL = "lengthgen/node-type"  # every node type declares it, so a node says which type it is
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def gpu_types(cfg: dict) -> dict:
+    return {n: t for n, t in cfg["available_node_types"].items() if t["resources"].get("GPU", 0) > 0}
+
+
+# --- 1. Ray's own validation ------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(LAUNCHER))
+def test_cluster_launcher_yaml_passes_rays_validation(name):
+    from ray.autoscaler._private import providers
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = load(LAUNCHER[name])
+    defaults_file = providers._DEFAULT_CONFIGS[raw["provider"]["type"]]()
+    if Path(defaults_file).exists():
+        config = prepare_config(raw)  # merges the installed ray's defaults.yaml; no cloud call
+    else:
+        # the ray wheel does not ship fake_multi_node/example.yaml (the defaults of fake_multinode),
+        # so local.yaml is complete by itself; the running autoscaler validates it as is too
+        config = raw
+    validate_config(config)
+    assert config["head_node_type"] == HEAD
+    assert config["available_node_types"][HEAD]["resources"].get("GPU", 0) == 0, "the head has no GPU"
+    for node_type in config["available_node_types"].values():
+        assert {"CPU", "GPU"} <= set(node_type["resources"]), "declare CPU and GPU for every node type"
+    assert 0 < config["idle_timeout_minutes"] <= 10
+
+
+# --- 2. safe by default -------------------------------------------------------------------------
+def _ports(spec) -> set[int]:
+    """Ports a rule allows: AWS FromPort..ToPort, GCP 'ports' strings ('8265', '6000-7000')."""
+    if "FromPort" in spec:
+        lo, hi = int(spec["FromPort"]), int(spec.get("ToPort", spec["FromPort"]))
+        return set(range(lo, hi + 1)) if lo >= 0 else set(range(65536))  # -1: all ports
+    ports = set()
+    for p in spec.get("ports") or ["0-65535"]:
+        lo, _, hi = str(p).partition("-")
+        ports |= set(range(int(lo), int(hi or lo) + 1))
+    return ports
+
+
+def test_no_private_port_is_open_to_the_world():
+    aws = load(LAUNCHER["aws"])
+    rules = aws["provider"].get("security_group", {}).get("IpPermissions", [])
+    assert rules, "aws.yaml declares its security group's ingress explicitly"
+    for rule in rules:
+        sources = {r["CidrIp"] for r in rule.get("IpRanges", [])} | {
+            r["CidrIpv6"] for r in rule.get("Ipv6Ranges", [])}
+        if sources & WORLD:
+            assert not _ports(rule) & PRIVATE_PORTS, f"aws.yaml opens {_ports(rule) & PRIVATE_PORTS} to the world"
+
+    gcp = load(LAUNCHER["gcp"])
+    firewalls = gcp["provider"].get("firewall_rules", [])
+    assert firewalls, "gcp.yaml documents its firewall rules"
+    for rule in firewalls:
+        if set(rule.get("sourceRanges", [])) & WORLD:
+            for allowed in rule.get("allowed", []):
+                assert not _ports(allowed) & PRIVATE_PORTS, f"gcp.yaml rule {rule['name']} opens a private port"
+
+    for doc in yaml.safe_load_all(KUBERAY["raycluster"].read_text()):
+        for service in _walk(doc, "serviceType"):
+            assert service in (None, "ClusterIP"), "expose nothing outside the Kubernetes cluster"
+        if doc.get("kind") == "Service":
+            assert doc["spec"].get("type", "ClusterIP") == "ClusterIP"
+
+    # the dashboard/job API and MLflow listen on 127.0.0.1 where these files start them
+    for name in ("aws", "gcp"):
+        cfg = load(LAUNCHER[name])
+        head_cmds = " ".join(cfg["head_setup_commands"] + cfg["head_start_ray_commands"])
+        assert "--dashboard-host=127.0.0.1" in head_cmds, name
+        assert re.search(r"mlflow server[^;&|]*--host 127\.0\.0\.1", head_cmds), name
+        assert "0.0.0.0" not in head_cmds, name
+    raycluster = next(d for d in yaml.safe_load_all(KUBERAY["raycluster"].read_text()) if d.get("kind") == "RayCluster")
+    head_params = raycluster["spec"]["headGroupSpec"]["rayStartParams"]
+    assert head_params.get("dashboard-host") == "127.0.0.1"
+
+
+def _walk(node, key):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            yield from _walk(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v, key)
+
+
+SECRET = re.compile(
+    r"(aws_secret_access_key|aws_access_key_id|secret_access_key|private_key(?!_path)|password|passwd|token)"
+    r"\s*[:=]\s*['\"]?(?!\s*$)(?!\$\{?)(?!YOUR-)(\S+)", re.I)
+KEY_MATERIAL = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----|AKIA[0-9A-Z]{16}|ghp_[0-9A-Za-z]{30,}")
+
+
+def test_no_credentials_in_any_file():
+    files = sorted(p for p in CLUSTER.rglob("*") if p.is_file())
+    assert len(files) >= 6
+    for path in files:
+        text = path.read_text()
+        assert not KEY_MATERIAL.search(text), path
+        for line in text.splitlines():
+            stripped = line.split("#", 1)[0]  # comments may name a variable, not hold a value
+            assert not SECRET.search(stripped), f"{path}: {line.strip()}"
+
+
+# --- 3. KubeRay manifests -----------------------------------------------------------------------
+def test_kuberay_manifests():
+    """No package registry we can reach ships the KubeRay CRD schema (the CRDs live in the KubeRay
+    Helm chart / GitHub, not on PyPI or npm), so this checks the fields the manifests use against
+    the ray.io/v1 RayCluster and RayJob APIs: apiVersion, kind, headGroupSpec/workerGroupSpecs,
+    enableInTreeAutoscaling, minReplicas 0, nvidia.com/gpu limits matching the declared GPU
+    resource, rayStartParams values being strings, and the RayJob's entrypoint."""
+    docs = [d for d in yaml.safe_load_all(KUBERAY["raycluster"].read_text()) if d]
+    rc = next(d for d in docs if d["kind"] == "RayCluster")
+    assert rc["apiVersion"] == "ray.io/v1" and rc["metadata"]["name"]
+    spec = rc["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["rayVersion"] == "2.60.0"
+    assert set(spec) <= {"rayVersion", "enableInTreeAutoscaling", "autoscalerOptions", "headGroupSpec",
+                         "workerGroupSpecs", "headServiceAnnotations", "suspend"}
+    _check_group(spec["headGroupSpec"], head=True)
+    groups = {g["groupName"]: g for g in spec["workerGroupSpecs"]}
+    assert {"gpu-1-spot", "gpu-1-ondemand", "gpu-8-spot", "gpu-8-ondemand"} <= set(groups)
+    for name, group in groups.items():
+        assert group["minReplicas"] == 0 and group["replicas"] == 0 and group["maxReplicas"] >= 1, name
+        gpus = _check_group(group, head=False)
+        assert gpus == (8 if name.startswith("gpu-8") else 1), name
+
+    job = load(KUBERAY["rayjob"])
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
+    jspec = job["spec"]
+    assert set(jspec) <= {"entrypoint", "runtimeEnvYAML", "rayClusterSpec", "clusterSelector",
+                          "shutdownAfterJobFinishes", "ttlSecondsAfterFinished", "submissionMode",
+                          "activeDeadlineSeconds", "backoffLimit", "entrypointNumCpus", "suspend"}
+    assert ("rayClusterSpec" in jspec) != ("clusterSelector" in jspec)
+    assert "python study/run.py --space search_spaces/paper_sparse_parity.yaml" in jspec["entrypoint"]
+    if "clusterSelector" in jspec:
+        assert jspec["clusterSelector"]["ray.io/cluster"] == rc["metadata"]["name"]
+
+
+def _check_group(group: dict, head: bool) -> int:
+    params = group["rayStartParams"]
+    assert all(isinstance(v, str) for v in params.values()), "rayStartParams values are strings"
+    containers = group["template"]["spec"]["containers"]
+    ray_container = containers[0]
+    assert ray_container["image"].startswith("rayproject/ray:2.60.0")
+    limits = ray_container["resources"]["limits"]
+    gpus = int(limits.get("nvidia.com/gpu", 0))
+    if head:
+        assert gpus == 0 and params.get("num-gpus", "0") == "0"
+    else:
+        assert group["template"]["spec"].get("tolerations"), "GPU nodes are usually tainted"
+    return gpus
+
+
+# --- 4. drift between the rehearsal and the clouds -------------------------------------------------
+def _shape(cfg: dict) -> dict:
+    return {name: ({k: t["resources"].get(k, 0) for k in ("CPU", "GPU")}, t.get("labels", {}))
+            for name, t in cfg["available_node_types"].items()}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_local_yaml_mirrors_the_cloud_node_types(cloud):
+    local, remote = load(LAUNCHER["local"]), load(LAUNCHER[cloud])
+    assert _shape(local) == _shape(remote), f"cluster/local.yaml and cluster/{cloud}.yaml drifted apart"
+    for cfg in (local, remote):
+        assert {"gpu_1_spot", "gpu_1_ondemand", "gpu_8_spot", "gpu_8_ondemand"} == set(gpu_types(cfg))
+        for name, t in gpu_types(cfg).items():
+            assert t.get("min_workers", 0) == 0, f"{name} autoscales from 0"
+            assert t["labels"][LABEL] == name
+    # the KubeRay worker groups carry the same shapes (names with '-': Kubernetes naming)
+    rc = next(d for d in yaml.safe_load_all(KUBERAY["raycluster"].read_text()) if d and d["kind"] == "RayCluster")
+    for group in rc["spec"]["workerGroupSpecs"]:
+        name = group["groupName"].replace("-", "_")
+        cpu, _ = _shape(remote)[name][0]["CPU"], None
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert int(limits["nvidia.com/gpu"]) == _shape(remote)[name][0]["GPU"], name
+        assert int(group["rayStartParams"]["num-cpus"]) == cpu, name
+
+
+# --- 5. the rehearsal ---------------------------------------------------------------------------
+NODES = """
+import json, sys
+from ray.util.state import list_nodes
+nodes = list_nodes(address=sys.argv[1], detail=True, limit=1000, raise_on_missing_output=False)
+print(json.dumps([{"id": n.node_id, "state": n.state, "labels": n.labels, "resources": n.resources_total,
+                   "head": n.is_head_node} for n in nodes]))
+"""
+
+
+def cluster_nodes(dash: int, env: dict) -> list[dict]:
+    """Every node the cluster has had (alive and dead), from Ray's state API."""
+    out = subprocess.run([sys.executable, "-c", NODES, f"http://127.0.0.1:{dash}"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def copy_checkout(work: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (work / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, work / f)
+
+
+# FAKE_NODES_SHARE_A_DISK: fake_multinode runs every node out of the head's session dir, and Ray unpacks a job's working_dir
+# with overwrite=True (ray/_private/runtime_env/working_dir.py), so each new fake node deletes and
+# re-extracts the job's working dir in place: a process running in it loses its cwd (the driver's
+# final os.getcwd() in Tune fails; a trial starting during the re-extraction may fail once, hence
+# max_failures: 2). Real nodes have their own disks. So the driver runs from a stable cwd here; the
+# code is still the job's working_dir copy ($OLDPWD), and the trials still get it as working_dir.
+def from_stable_cwd(command: str) -> list[str]:
+    return ["bash", "-c", f'cd /tmp && exec {command}']  # FAKE_NODES_SHARE_A_DISK
+
+
+def test_local_autoscaling_rehearsal(tmp_path):
+    local = load(LAUNCHER["local"])
+    head_type = local["available_node_types"][HEAD]
+    # the job's code: a copy of the checkout, with a smoke spec whose every trial needs one GPU
+    work = tmp_path / "checkout"
+    copy_checkout(work)
+    spec = json.loads(json.dumps(SMOKE))
+    spec["name"] = "smoke_gpu"
+    # max_failures 2: see FAKE_NODES_SHARE_A_DISK
+    spec["resources"] = {"workers_per_trial": 1, "cpus_per_worker": 1, "gpus_per_worker": 1,
+                         "max_concurrent_trials": 2, "max_failures": 2}
+    (work / "search_spaces" / "smoke_gpu.yaml").write_text(yaml.safe_dump(spec))
+
+    ray_tmp = tempfile.mkdtemp(prefix="rayf", dir="/tmp")  # short: Ray's socket paths are limited
+    port, dash, agent, client = free_port(), free_port(), free_port(), free_port()
+    import ray._private.services
+
+    # the fake provider starts worker raylets against provider.gcs_address (default <ip>:6379)
+    local["provider"]["gcs_address"] = f"{ray._private.services.get_node_ip_address()}:{port}"
+    config = Path(ray_tmp) / "local.yaml"
+    config.write_text(yaml.safe_dump(local))
+    env = {**ENV, "PYTHONPATH": "", "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+           "RAY_AUTH_MODE": "token"}  # token auth: the head makes ~/.ray/auth_token if missing
+    head = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", f"--autoscaling-config={config}",
+         f"--port={port}", f"--num-cpus={head_type['resources']['CPU']}", "--num-gpus=0",
+         f"--labels={LABEL}={HEAD}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+         f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
+         f"--temp-dir={ray_tmp}"],
+        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    storage, db = tmp_path / "studies", tmp_path / "ml.db"
+    timings = {}
+    try:
+        t0 = time.time()
+        ray_cli = [str(BIN / "ray"), "job", "submit", f"--address=http://127.0.0.1:{dash}"]
+        for _ in range(60):  # up when a trivial job runs (the dashboard answers before its agent)
+            probe = subprocess.run([*ray_cli, "--", "python", "-c", "pass"], cwd=tmp_path, env=env,
+                                   capture_output=True, text=True, timeout=120)
+            if probe.returncode == 0:
+                break
+            time.sleep(2)
+        assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
+        before = cluster_nodes(dash, env)
+        assert [n["labels"].get(LABEL) for n in before if n["state"] == "ALIVE"] == [HEAD]
+        assert not any(n["resources"].get("GPU") for n in before), "the head has no GPU"
+        timings["head up"] = time.time() - t0
+
+        t0 = time.time()
+        out = subprocess.run(
+            [*ray_cli, "--working-dir", str(work), "--", *from_stable_cwd(
+                'python "$OLDPWD/study/run.py" --space "$OLDPWD/search_spaces/smoke_gpu.yaml" '
+                f"--storage {storage} --mlflow-uri sqlite:///{db}")],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        )
+        timings["study"] = time.time() - t0
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+        assert "succeeded" in (out.stdout + out.stderr).lower()
+        assert "1 worker(s) x 1 CPU + 1 GPU" in out.stdout
+
+        # the autoscaler added nodes of a 1-GPU type, and no 8-GPU node
+        added = [n for n in cluster_nodes(dash, env) if not n["head"]]
+        types = [n["labels"].get(LABEL) for n in added]
+        assert added and set(types) <= GPU_1, added
+        assert all(types.count(t) <= local["available_node_types"][t]["max_workers"] for t in GPU_1)
+        assert all(n["resources"]["GPU"] == 1 and n["resources"]["CPU"] == 8 for n in added)
+
+        # and removes them once idle (idle_timeout_minutes in local.yaml)
+        t0 = time.time()
+        while time.time() - t0 < 90:
+            alive = [n for n in cluster_nodes(dash, env) if not n["head"] and n["state"] == "ALIVE"]
+            if not alive:
+                break
+            time.sleep(2)
+        assert not alive, f"idle GPU nodes were not removed: {alive}"
+        timings["idle nodes removed"] = time.time() - t0
+    finally:
+        stop_ray_started_here(head, ray_tmp)
+        print("rehearsal timings (s):", {k: round(v, 1) for k, v in timings.items()})
+
+    # the study's record: a parent run and one FINISHED child run per trial
+    _, parents, children = mlflow_runs(db, "smoke_gpu")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert (storage / "smoke_gpu" / "results.csv").exists()
+
+
+# --- the dry-run plan on a cluster (study/run.py --cluster, when it exists) -------------------
+def test_dry_run_names_the_node_type_of_each_trial():
+    help_text = subprocess.run([sys.executable, str(ROOT / "study" / "run.py"), "--help"], env=ENV,
+                               capture_output=True, text=True, timeout=120).stdout
+    if "--cluster" not in help_text:
+        pytest.skip("study/run.py has no --cluster flag yet")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "study" / "run.py"), "--space", str(ROOT / "search_spaces/paper_sparse_parity.yaml"),
+         "--dry-run", "--cluster", str(LAUNCHER["aws"])],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert any("node type:" in line and "gpu_1" in line for line in out.stdout.splitlines()), out.stdout

@@ -1,0 +1,102 @@
+"""The loss-gap analysis: known answers on a hand-built model, masking that really hides tokens."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models import DecoderLM, ModelConfig
+from study.loss_gap import GapConfig, TargetScorer, plot_gap, run_analysis, summarize_gap
+
+VOCAB = 11
+
+
+class CopyFromFar(nn.Module):
+    """Predicts the token at a fixed far position p when the last query may see it (else uniform):
+    one token carries the whole long-context benefit."""
+
+    def __init__(self, p: int):
+        super().__init__()
+        self.p = p
+
+    def forward(self, tokens, position_ids, visible=None, cache=None):
+        B, T = tokens.shape
+        logits = torch.zeros(B, T, VOCAB)
+        sees = visible[:, -1, self.p] if visible is not None else torch.ones(B, dtype=torch.bool)
+        logits[:, -1] = torch.where(sees[:, None], 12.0 * F.one_hot(tokens[:, self.p], VOCAB).float(), 0.0)
+        return logits, None, None
+
+
+def windows(n, length, p, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.integers(0, VOCAB, size=(n, length + 1))
+    w[:, -1] = w[:, p]  # the target copies position p
+    return w
+
+
+@pytest.mark.parametrize("method", ["greedy", "gain"])
+def test_one_far_token_recovers_the_whole_gap(method):
+    cfg = GapConfig(long_context=24, short_context=6, ks=[1, 2, 3], method=method, targets=5)
+    records, timing = run_analysis(CopyFromFar(p=4), windows(5, 24, p=4), cfg)
+    assert len(records) == 5 * 3 and timing["seconds"] > 0
+    assert np.allclose(records.L_short, math.log(VOCAB))  # the short window knows nothing
+    assert (records.L_long < 1e-3).all()
+    k1 = records[records.k == 1]
+    assert (k1.positions.map(tuple) == (4,)).all() and (k1.distances.map(tuple) == (20,)).all()
+    assert np.allclose(records.recovered, 1.0, atol=1e-6)  # k=1 already recovers everything
+    summary = summarize_gap(records, cfg.min_gap)
+    assert summary.recovered_median.tolist() == pytest.approx([1.0, 1.0, 1.0])
+    assert summary.tokens_counted.tolist() == [5, 5, 5] and summary.tokens_flat.tolist() == [0, 0, 0]
+
+
+def test_flat_tokens_are_counted_apart():
+    # the target is position 20, inside the short window: no gap to recover
+    cfg = GapConfig(long_context=24, short_context=6, ks=[1], method="gain")
+    records, _ = run_analysis(CopyFromFar(p=20), windows(3, 24, p=20), cfg)
+    assert records.recovered.isna().all()
+    summary = summarize_gap(records, cfg.min_gap)
+    assert summary.tokens_counted.tolist() == [0] and summary.tokens_flat.tolist() == [3]
+    assert summary.recovered_mean.isna().all()
+
+
+def test_hidden_tokens_do_not_reach_the_target_through_other_positions():
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=VOCAB, max_position=64, d_model=32, n_layers=3, n_heads=4)).eval()
+    scorer = TargetScorer(model)
+    w = torch.as_tensor(windows(1, 24, p=4)[0])
+    short = torch.zeros(1, 24, dtype=torch.bool)
+    short[0, 18:] = True
+    changed = w.clone()
+    changed[:18] = (changed[:18] + 3) % VOCAB  # rewrite everything hidden
+    assert torch.allclose(scorer.losses(w, short), scorer.losses(changed, short), atol=1e-5)
+    full = torch.ones(1, 24, dtype=torch.bool)
+    assert not torch.allclose(scorer.losses(w, full), scorer.losses(changed, full), atol=1e-4)
+
+
+def test_attention_method_ranks_by_the_target_querys_attention():
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=VOCAB, max_position=64, d_model=32, n_layers=2, n_heads=4))
+    cfg = GapConfig(long_context=24, short_context=6, ks=[1, 4], method="attention")
+    records, _ = run_analysis(model, windows(4, 24, p=4), cfg)
+    scorer = TargetScorer(model)
+    mass = scorer.attention_mass(torch.as_tensor(windows(4, 24, p=4)[0]))[:18]
+    assert records[(records.target == 0) & (records.k == 1)].positions.iloc[0] == [int(mass.argmax())]
+    assert all(len(p) == 4 for p in records[records.k == 4].positions)
+    with pytest.raises(ValueError, match="method"):
+        run_analysis(CopyFromFar(4), windows(1, 24, p=4), cfg)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="short_context"):
+        GapConfig(long_context=16, short_context=16)
+    with pytest.raises(ValueError, match="ks"):
+        GapConfig(long_context=16, short_context=8, ks=[9])
+
+
+def test_gap_figure(tmp_path):
+    cfg = GapConfig(long_context=24, short_context=6, ks=[1, 2], method="gain")
+    records, _ = run_analysis(CopyFromFar(p=4), windows(3, 24, p=4), cfg)
+    assert plot_gap(records, str(tmp_path / "gap.png")) and (tmp_path / "gap.png").stat().st_size > 1000
