@@ -81,6 +81,29 @@ class EvalSpec(Strict):
     every_steps: int = Field(100, ge=1, description="validate and report every N steps")
 
 
+class LossGapSpec(Strict):
+    """After training a language model: how much of the short-to-long loss gap k tokens recover
+    (study/loss_gap.py). long_context is L_bar, short_context is L."""
+
+    long_context: int = Field(256, ge=2)
+    short_context: int = Field(32, ge=1)
+    ks: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
+    method: Literal["greedy", "gain", "attention"] = "gain"
+    targets: int = Field(64, ge=1)
+    rows_per_batch: int = Field(64, ge=1)
+    min_gap: float = Field(0.05, ge=0)
+    sparse_k: int = Field(4, ge=1, description="a token is 'sparse' when k tokens recover half its gap")
+
+    @model_validator(mode="after")
+    def _fits(self) -> "LossGapSpec":
+        from study.loss_gap import GapConfig
+
+        GapConfig(**self.model_dump(exclude={"sparse_k"}))
+        if self.sparse_k not in self.ks:
+            raise ValueError(f"sparse_k: {self.sparse_k} must be one of ks {self.ks}")
+        return self
+
+
 class TrialConfig(Strict):
     task: TaskSpec
     positional: PositionalSpec = PositionalSpec()
@@ -88,6 +111,7 @@ class TrialConfig(Strict):
     optim: OptimSpec = OptimSpec()
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     eval: EvalSpec
+    loss_gap: LossGapSpec | None = None
     seed: int = 0
 
     @cached_property
@@ -156,6 +180,12 @@ class TrialConfig(Strict):
                     f"eval.lengths: test length {length} needs position id {need}, beyond "
                     f"positional.max_position {max_pos}; raise max_position or drop the length"
                 )
+        if self.loss_gap is not None:
+            if task.evaluation != "loss":
+                raise ValueError(f"loss_gap: needs a language-modeling task (task.name: lm), not {task.name!r}")
+            if self.loss_gap.long_context >= max_pos:
+                raise ValueError(f"loss_gap.long_context: {self.loss_gap.long_context} needs ids beyond "
+                                 f"positional.max_position {max_pos}")
         return self
 
 

@@ -80,6 +80,8 @@ class TargetScorer:
     @torch.no_grad()
     def attention_mass(self, window: torch.Tensor) -> torch.Tensor:
         """The target query's attention to each context position, mean over heads, sum over layers."""
+        if hasattr(self.model, "attention_mass"):
+            return self.model.attention_mass(window)
         attns = [m for m in self.model.modules() if hasattr(m, "record_last_query")]
         if not attns:
             raise ValueError("method: attention needs a model that exposes attention (use greedy or gain)")
@@ -175,6 +177,43 @@ def summarize_gap(records: pd.DataFrame, min_gap: float) -> pd.DataFrame:
     return out.rename_axis("k").reset_index()
 
 
+def sparse_vs_dense(records: pd.DataFrame, sparse_k: int, min_gap: float) -> dict[str, float]:
+    """Link to length generalization: tokens whose gap k tokens mostly recover ('sparse') against
+    the rest. With L_bar beyond the train length, L_short - L_long is how much a model gains from
+    context it was never trained at; sparse tokens are the ones the theory expects to gain."""
+    at_k = records[(records.k == sparse_k) & (records.gap >= min_gap)]
+    sparse = at_k[at_k.recovered >= 0.5]
+    dense = at_k[at_k.recovered < 0.5]
+    benefit = lambda d: float((d.L_short - d.L_long).mean()) if len(d) else float("nan")  # noqa: E731
+    return {"tokens_sparse": len(sparse), "tokens_dense": len(dense),
+            "long_benefit_sparse": benefit(sparse), "long_benefit_dense": benefit(dense)}
+
+
+def sample_windows(val_tokens: np.ndarray, n: int, length: int, seed: int) -> np.ndarray:
+    """n held-out windows of `length` tokens (context + target) from a token array."""
+    rng = np.random.default_rng([seed, 31337])
+    starts = rng.integers(0, len(val_tokens) - length + 1, size=n)
+    return np.asarray(val_tokens)[starts[:, None] + np.arange(length)].astype(np.int64)
+
+
+def gap_metrics(module, task, spec, seed: int, device) -> tuple[dict, list[dict], list[dict]]:
+    """Run the analysis on a trained LM's held-out text; flat metrics, summary rows, token rows."""
+    cfg = GapConfig(**spec.model_dump(exclude={"sparse_k"}), seed=seed)
+    windows = sample_windows(task.val_tokens, cfg.targets, cfg.long_context + 1, seed)
+    records, timing = run_analysis(module, windows, cfg, device)
+    summary = summarize_gap(records, cfg.min_gap)
+    metrics = {"loss_gap/seconds_per_1k_targets": timing["seconds_per_1k_targets"],
+               "loss_gap/L_long": float(records.L_long.mean()), "loss_gap/L_short": float(records.L_short.mean())}
+    for row in summary.itertuples():
+        metrics[f"loss_gap/recovered_median/k{row.k}"] = float(row.recovered_median)
+        metrics[f"loss_gap/recovered_mean/k{row.k}"] = float(row.recovered_mean)
+        metrics[f"loss_gap/L_sparse/k{row.k}"] = float(row.L_sparse)
+    metrics["loss_gap/tokens_flat"] = int(summary.tokens_flat.iloc[0])
+    metrics.update({f"loss_gap/{k}": v for k, v in sparse_vs_dense(records, spec.sparse_k, cfg.min_gap).items()})
+    token_rows = records.assign(positions=records.positions.map(str), distances=records.distances.map(str))
+    return metrics, summary.to_dict("records"), token_rows.to_dict("records")
+
+
 def plot_gap(records: pd.DataFrame, path: str) -> str:
     """Figure 4 analogue: loss drop from k tokens against the drop from the whole distant context."""
     import matplotlib
@@ -194,3 +233,120 @@ def plot_gap(records: pd.DataFrame, path: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+class HFCausalLM(torch.nn.Module):
+    """A Hugging Face causal LM behind the DecoderLM call signature (logits first; `visible` as a
+    4D mask), so the same analysis measures a real LLM. `transformers` is an optional extra."""
+
+    def __init__(self, path: str, attention: bool = False):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager" if attention else None)
+
+    def forward(self, tokens, position_ids, visible=None, cache=None):
+        mask = None
+        if visible is not None:
+            T = tokens.shape[1]
+            mask = (visible & torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril())[:, None]
+        return self.model(input_ids=tokens, position_ids=position_ids, attention_mask=mask).logits, None, None
+
+    @torch.no_grad()
+    def attention_mass(self, window: torch.Tensor) -> torch.Tensor:
+        context = window[:-1][None]
+        out = self.model(input_ids=context, output_attentions=True)
+        return sum(a[0, :, -1].mean(0) for a in out.attentions)
+
+
+def hf_tokens(path: str, text_tokens_fallback: np.ndarray) -> np.ndarray:
+    """Token ids for a Hugging Face model: its tokenizer when the folder has one, else the corpus's
+    byte ids (a byte-level model, e.g. the tiny test model)."""
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return text_tokens_fallback
+    from tasks.lm import decode_text
+
+    text = decode_text(text_tokens_fallback).replace("<eos>", "\n")
+    return np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import os
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m study.loss_gap", description=__doc__.split("\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a trial checkpoint folder (holds trial_config.json)")
+    src.add_argument("--mlflow-run", help="an MLflow trial run id (its `checkpoint` tag)")
+    src.add_argument("--hf", help="a local Hugging Face causal-LM folder")
+    p.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db")
+    p.add_argument("--corpus", help="text to analyse (default: the trial's corpus; stdlib for --hf)")
+    p.add_argument("--long-context", type=int, default=256)
+    p.add_argument("--short-context", type=int, default=32)
+    p.add_argument("--ks", default="1,2,4,8")
+    p.add_argument("--method", choices=["greedy", "gain", "attention"], default="gain")
+    p.add_argument("--targets", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="loss_gap_out", help="folder for tokens.csv, summary.csv, gap_scatter.png")
+    args = p.parse_args(argv)
+    try:
+        cfg = GapConfig(long_context=args.long_context, short_context=args.short_context,
+                        ks=[int(k) for k in args.ks.split(",")], method=args.method, targets=args.targets,
+                        seed=args.seed)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from tasks import get_task
+
+    client = run_id = None
+    if args.mlflow_run:
+        from mlflow.tracking import MlflowClient
+
+        client, run_id = MlflowClient(args.mlflow_uri), args.mlflow_run
+        args.checkpoint = client.get_run(run_id).data.tags.get("checkpoint")
+        if not args.checkpoint:
+            print(f"error: --mlflow-run: run {run_id} has no `checkpoint` tag", file=sys.stderr)
+            return 2
+    if args.checkpoint:
+        from study.train import load_trained
+
+        trial, task, model = load_trained(args.checkpoint)
+        if args.corpus:
+            task = get_task("lm", corpus=args.corpus, train_length=2)
+        if cfg.long_context >= trial.positional.max_position:
+            print(f"error: --long-context {cfg.long_context} is beyond the model's max_position "
+                  f"{trial.positional.max_position}", file=sys.stderr)
+            return 2
+        tokens = task.val_tokens
+    else:
+        task = get_task("lm", corpus=args.corpus or "stdlib", train_length=2)
+        model = HFCausalLM(args.hf, attention=cfg.method == "attention").eval()
+        tokens = hf_tokens(args.hf, np.asarray(task.val_tokens)[: 200 * (cfg.long_context + 1) * cfg.targets])
+    windows = sample_windows(tokens, cfg.targets, cfg.long_context + 1, cfg.seed)
+    records, timing = run_analysis(model, windows, cfg)
+    summary = summarize_gap(records, cfg.min_gap)
+    os.makedirs(args.out, exist_ok=True)
+    records.to_csv(os.path.join(args.out, "tokens.csv"), index=False)
+    summary.to_csv(os.path.join(args.out, "summary.csv"), index=False)
+    plot_gap(records, os.path.join(args.out, "gap_scatter.png"))
+    print(f"method={cfg.method} L_bar={cfg.long_context} L={cfg.short_context} targets={cfg.targets} "
+          f"({timing['seconds_per_1k_targets']:.1f} s per 1000 targets)")
+    print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if client is not None:
+        for row in summary.itertuples():
+            client.log_metric(run_id, f"loss_gap/recovered_median/k{row.k}", float(row.recovered_median))
+            client.log_metric(run_id, f"loss_gap/recovered_mean/k{row.k}", float(row.recovered_mean))
+        client.log_artifacts(run_id, args.out, "loss_gap")
+        client.set_tag(run_id, "loss_gap.method", cfg.method)
+    print(json.dumps({"out": args.out}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

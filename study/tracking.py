@@ -117,8 +117,23 @@ class StudyTracker(Callback):
         if records:
             metrics += self._extrapolation_metrics(records, now)
             self.client.log_text(run_id, _records_csv(records), "eval/records.csv")
+        if result.get("loss_gap_records"):
+            self._log_loss_gap(run_id, result["loss_gap_summary"], result["loss_gap_records"])
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
+
+    def _log_loss_gap(self, run_id: str, summary: list[dict], records: list[dict]) -> None:
+        import tempfile
+
+        import pandas as pd
+
+        from study.loss_gap import plot_gap
+
+        self.client.log_text(run_id, _records_csv(summary), "loss_gap/summary.csv")
+        self.client.log_text(run_id, _records_csv(records), "loss_gap/tokens.csv")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = plot_gap(pd.DataFrame(records), f"{tmp}/gap_scatter.png")
+            self.client.log_artifact(run_id, path, "loss_gap")
 
     def _extrapolation_metrics(self, records: list[dict], now: int) -> list[Metric]:
         primary = records[0]["ids"]  # the model's own ids come first (PPC: predicted)
@@ -129,9 +144,15 @@ class StudyTracker(Callback):
             else:
                 suffix = ""
             k = "all" if r["k"] is None else r["k"]
-            out.append(Metric(f"acc_len/k{k}{suffix}", r["answer_acc"], now, int(r["length"])))
-            out.append(Metric(f"exact_len/k{k}{suffix}", r["exact_match"], now, int(r["length"])))
+            for key, value in (("acc_len", r["answer_acc"]), ("exact_len", r["exact_match"]), ("loss_len", r.get("loss"))):
+                if value is not None and math.isfinite(value):
+                    out.append(Metric(f"{key}/k{k}{suffix}", value, now, int(r["length"])))
         return out
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        run_id = self._child(trial)
+        if run_id not in self.sealed:  # `python -m study.loss_gap --mlflow-run` finds the model here
+            self.client.set_tag(run_id, "checkpoint", checkpoint.path)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._child(trial)

@@ -26,6 +26,30 @@ from study.evaluate import Tensors, evaluate_grid, next_token_loss, validate
 from study.session import LocalSession, Session, setup_distributed
 
 
+CONFIG_FILE = "trial_config.json"
+
+
+def load_trained(checkpoint_dir: str):
+    """(TrialConfig, task, DecoderLM with the checkpoint's weights) from a trial checkpoint."""
+    cfg = load_trial_config_json(os.path.join(checkpoint_dir, CONFIG_FILE))
+    task = cfg.build_task()
+    model = cfg.build_model(len(task.vocab))
+    if cfg.deepspeed.zero_stage == 3:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag="checkpoint")
+    else:
+        path = os.path.join(checkpoint_dir, "checkpoint", "mp_rank_00_model_states.pt")
+        state = torch.load(path, map_location="cpu", weights_only=False)["module"]
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return cfg, task, model.eval()
+
+
+def load_trial_config_json(path: str) -> TrialConfig:
+    with open(path) as f:
+        return TrialConfig.model_validate_json(f.read())
+
+
 def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
     o = cfg.optim
     if o.batch_size % world_size:
@@ -103,7 +127,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
             start = int(client["step"])
     if "final" in client:  # restored after the last report (the driver died before noting it): resend
         final = client["final"]
-        _report(session, engine, final, start, final=True)
+        _report(session, engine, final, start, cfg, final=True)
         return {"metrics": {k: v for k, v in final.items() if k != "eval_records"}, "records": final["eval_records"]}
 
     parts: dict = {}
@@ -128,7 +152,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         engine.step()
         tokens_seen += int(batch.seq_len.sum())
         if step % cfg.eval.every_steps == 0 and step < cfg.optim.steps:
-            _report(session, engine, progress(step), step)
+            _report(session, engine, progress(step), step, cfg)
     # the last report: validation and the extrapolation grid (also when resumed at the very end)
     metrics = progress(cfg.optim.steps)
     records = evaluate_grid(
@@ -136,11 +160,18 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         cfg.seed, rank, world, device,
     )
     metrics.update(summarize(records, cfg))
-    _report(session, engine, {**metrics, "eval_records": records}, cfg.optim.steps, final=True)
+    extra = {}
+    if cfg.loss_gap is not None:  # every rank runs it (ZeRO-3 forwards are collective)
+        from study.loss_gap import gap_metrics
+
+        gap, extra["loss_gap_summary"], extra["loss_gap_records"] = gap_metrics(
+            engine.module, task, cfg.loss_gap, cfg.seed, device)
+        metrics.update(gap)
+    _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True)
     return {"metrics": metrics, "records": records}
 
 
-def _report(session: Session, engine, metrics: dict, step: int, final: bool = False) -> None:
+def _report(session: Session, engine, metrics: dict, step: int, cfg: TrialConfig, final: bool = False) -> None:
     """Report metrics; with a checkpointing session, save a DeepSpeed checkpoint alongside (all
     ranks). The last checkpoint also holds the final report, so a trial restored after it
     re-sends it instead of evaluating again."""
@@ -152,6 +183,8 @@ def _report(session: Session, engine, metrics: dict, step: int, final: bool = Fa
         state["final"] = metrics
     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
         engine.save_checkpoint(tmp, tag="checkpoint", client_state=state)
+        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:  # what rebuilds the model (loss_gap)
+            f.write(cfg.model_dump_json(indent=1))
         session.report(metrics, tmp)
 
 
@@ -180,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     result = train_loop_per_worker(cfg)
     table = pd.DataFrame(result["records"])
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    summary = {k: round(v, 4) for k, v in result["metrics"].items() if k.startswith(("acc_", "exact_", "val_"))}
+    shown = ("acc_", "exact_", "val_", "loss_in_dist", "loss_beyond", "loss_gap/")
+    summary = {k: round(v, 4) for k, v in result["metrics"].items() if k.startswith(shown)}
     print(summary)
     if args.out:
         table.to_csv(args.out, index=False)

@@ -12,6 +12,9 @@ position ids are simply 0..n-1 (an LM has no coupling beyond position). There is
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -40,6 +43,16 @@ def decode_text(ids: Sequence[int] | np.ndarray) -> str:
         run = run[run >= BYTE_OFFSET]
         parts.append((run - BYTE_OFFSET).astype(np.uint8).tobytes().decode("utf-8", errors="replace"))
     return "".join(parts)
+
+
+def _is_hub_dataset(corpus: object) -> bool:
+    """`hf:<name>` naming no local folder (a name on the hub). A missing `datasets` package is
+    reported at once, naming the corpus."""
+    if not (isinstance(corpus, str) and corpus.startswith("hf:") and corpus[3:]):
+        return False
+    if importlib.util.find_spec("datasets") is None:
+        raise TaskParamError("corpus", f"{corpus!r} needs the `datasets` package (pip install datasets)")
+    return not os.path.exists(corpus[3:])
 
 
 class LMTask(Task):
@@ -84,24 +97,35 @@ class LMTask(Task):
         self.max_bytes = max_bytes
         self.val_fraction = float(val_fraction)
         self.split_seed = split_seed
-        self._split: SplitCorpus = split_corpus(
-            corpus,
-            val_fraction=self.val_fraction,
-            split_seed=split_seed,
-            glob=glob,
-            text_field=text_field,
-            hf_split=hf_split,
-            hf_config=hf_config,
-            max_bytes=max_bytes,
-        )
-        self.train_tokens: np.ndarray = self._split.train_tokens
-        self.val_tokens: np.ndarray = self._split.val_tokens
-        for split, tokens in (("train", self.train_tokens), ("validation", self.val_tokens)):
-            if self.train_length > len(tokens):
-                raise TaskParamError(
-                    "train_length",
-                    f"{self.train_length} is longer than the {split} split ({len(tokens)} tokens) of {corpus}",
-                )
+        self._loaded: SplitCorpus | None = None
+        if not _is_hub_dataset(corpus):
+            self._split  # local corpora load (and are checked) now; a hub dataset loads on first
+            # use, inside the trial on the cluster, so validating a spec downloads nothing
+
+    @property
+    def _split(self) -> SplitCorpus:
+        if self._loaded is None:
+            split = split_corpus(
+                self.corpus, val_fraction=self.val_fraction, split_seed=self.split_seed, glob=self.glob,
+                text_field=self.text_field, hf_split=self.hf_split, hf_config=self.hf_config,
+                max_bytes=self.max_bytes,
+            )
+            for name, tokens in (("train", split.train_tokens), ("validation", split.val_tokens)):
+                if self.train_length > len(tokens):
+                    raise TaskParamError(
+                        "train_length",
+                        f"{self.train_length} is longer than the {name} split ({len(tokens)} tokens) of {self.corpus}",
+                    )
+            self._loaded = split
+        return self._loaded
+
+    @property
+    def train_tokens(self) -> np.ndarray:
+        return self._split.train_tokens
+
+    @property
+    def val_tokens(self) -> np.ndarray:
+        return self._split.val_tokens
 
     @property
     def train_docs(self) -> tuple[str, ...]:
@@ -119,7 +143,7 @@ class LMTask(Task):
     def _check_cell(self, length: int, k: int | None) -> None:
         if length < 2:
             raise TaskParamError("length", f"{length} is smaller than 2 (a window needs a target)")
-        if length > len(self.val_tokens):
+        if self._loaded is not None and length > len(self.val_tokens):  # checked once loaded
             raise TaskParamError(
                 "length", f"{length} is longer than the validation split ({len(self.val_tokens)} tokens)"
             )
@@ -169,6 +193,7 @@ class LMTask(Task):
             return self._windows(
                 self.train_tokens, "train", np.full(batch_size, self.train_length, dtype=np.int64), rng
             )
+        self._split  # load before checking the length against the validation split
         self.check(length, None)
         return self._windows(self.val_tokens, "validation", np.full(batch_size, int(length), dtype=np.int64), rng)
 

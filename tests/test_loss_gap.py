@@ -100,3 +100,94 @@ def test_gap_figure(tmp_path):
     cfg = GapConfig(long_context=24, short_context=6, ks=[1, 2], method="gain")
     records, _ = run_analysis(CopyFromFar(p=4), windows(3, 24, p=4), cfg)
     assert plot_gap(records, str(tmp_path / "gap.png")) and (tmp_path / "gap.png").stat().st_size > 1000
+
+
+# --- trained models and the command line ---------------------------------------------------------
+class KeepLastCheckpoint:
+    checkpointing = True
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def report(self, metrics, checkpoint_dir=None):
+        import shutil
+
+        shutil.copytree(checkpoint_dir, self.folder, dirs_exist_ok=True)
+
+    from contextlib import nullcontext
+
+    def restore_dir(self):
+        return self.nullcontext()
+
+
+@pytest.fixture(scope="module")
+def trained_lm(tmp_path_factory):
+    """A small byte LM trained briefly on the stdlib corpus, with its checkpoint folder."""
+    from study.train import train_loop_per_worker
+
+    folder = tmp_path_factory.mktemp("lm") / "ckpt"
+    cfg = {
+        "task": {"name": "lm", "params": {"train_length": 64, "max_bytes": 1_000_000}},
+        "positional": {"encoding": "rope", "ids": "sequential", "max_position": 128},
+        "model": {"d_model": 48, "n_layers": 2, "n_heads": 4},
+        "optim": {"lr": 0.004, "steps": 400, "batch_size": 16, "warmup_steps": 20},
+        "eval": {"lengths": [64], "samples_per_cell": 8, "val_samples": 32, "every_steps": 250},
+        "loss_gap": {"long_context": 64, "short_context": 2, "ks": [1, 4], "targets": 48, "sparse_k": 4},
+        "seed": 0,
+    }
+    out = train_loop_per_worker(cfg, KeepLastCheckpoint(folder))
+    return out, folder
+
+
+def test_trained_lm_losses_are_ordered(trained_lm):
+    """L_short >= L_short,sparse(k) on average, and more tokens recover more. (L_sparse >= L_long
+    need not hold: the gain method chooses tokens by the target's own loss, and for this briefly
+    trained model the k chosen tokens beat the whole context; the note on issue 4 says so.)"""
+    from study.train import load_trained
+
+    out, folder = trained_lm
+    m = out["metrics"]
+    noise = 0.05
+    assert m["loss_gap/L_short"] > m["loss_gap/L_long"] + 0.1  # 2 bytes of context vs 64: it uses context
+    assert m["loss_gap/L_short"] >= m["loss_gap/L_sparse/k1"] - noise
+    assert m["loss_gap/L_sparse/k1"] >= m["loss_gap/L_sparse/k4"] - noise  # more tokens, more recovered
+    assert m["loss_gap/recovered_median/k4"] > 0.5
+    assert m["loss_gap/tokens_sparse"] + m["loss_gap/tokens_dense"] + m["loss_gap/tokens_flat"] <= 48
+    _, task, model = load_trained(str(folder))  # the checkpoint rebuilds the same model
+    cfg = GapConfig(long_context=64, short_context=2, ks=[1, 4], targets=48)
+    from study.loss_gap import sample_windows
+
+    records, _ = run_analysis(model, sample_windows(task.val_tokens, 48, 65, 0), cfg)
+    assert records.L_long.mean() == pytest.approx(m["loss_gap/L_long"], abs=1e-4)
+
+
+def test_cli_on_a_checkpoint_and_on_a_hugging_face_model(trained_lm, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[1]
+    _, folder = trained_lm
+    run = lambda *a: subprocess.run([sys.executable, "-m", "study.loss_gap", *a], cwd=root,  # noqa: E731
+                                    capture_output=True, text=True, timeout=600)
+    out = run("--checkpoint", str(folder), "--long-context", "64", "--short-context", "8", "--ks", "1,2",
+              "--targets", "6", "--out", str(tmp_path / "ours"))
+    assert out.returncode == 0, out.stderr
+    summary = pd.read_csv(tmp_path / "ours" / "summary.csv")
+    assert summary.k.tolist() == [1, 2] and (tmp_path / "ours" / "gap_scatter.png").exists()
+    bad = run("--checkpoint", str(folder), "--long-context", "500")
+    assert bad.returncode == 2 and "max_position" in bad.stderr
+
+    transformers = pytest.importorskip("transformers", reason="the Hugging Face path needs `transformers`")
+    cfg = transformers.LlamaConfig(vocab_size=258, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "tiny-llama")  # random, local: no download
+    for method in ("gain", "attention"):
+        out = run("--hf", str(tmp_path / "tiny-llama"), "--long-context", "48", "--short-context", "8",
+                  "--ks", "1,4", "--targets", "4", "--method", method, "--out", str(tmp_path / method))
+        assert out.returncode == 0, out.stderr
+        tokens = pd.read_csv(tmp_path / method / "tokens.csv")
+        assert len(tokens) == 8 and (tokens.L_long > 0).all()
