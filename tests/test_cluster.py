@@ -37,7 +37,7 @@ KUBERAY = {name: CLUSTER / "kuberay" / f"{name}.yaml" for name in ("raycluster",
 PRIVATE_PORTS = {6379, 8265, 10001, 5000}  # GCS, dashboard/job API, Ray client, MLflow
 WORLD = {"0.0.0.0/0", "::/0"}
 HEAD = "ray.head.default"
-GPU_1 = {"gpu_1_spot", "gpu_1_ondemand"}  # the 1-GPU twins (which one: cluster/README_SECTION.md)
+GPU_1 = {"gpu_1_spot", "gpu_1_ondemand"}  # the 1-GPU twins (which one: README.md)
 LABEL = "lengthgen/node-type"  # every node type declares it, so a node says which type it is
 
 
