@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, stop_ray_started_here
+from test_study import (BIN, ENV, ROOT, SMOKE, copy_checkout, free_port, mlflow_runs, stop_ray_started_here,
+                        wait_for_job_api)
 
 pytestmark = pytest.mark.slow
 
@@ -241,15 +241,6 @@ def cluster_nodes(dash: int, env: dict) -> list[dict]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def copy_checkout(work: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (work / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, work / f)
-
-
 # FAKE_NODES_SHARE_A_DISK: fake_multinode runs every node out of the head's session dir, and Ray unpacks a job's working_dir
 # with overwrite=True (ray/_private/runtime_env/working_dir.py), so each new fake node deletes and
 # re-extracts the job's working dir in place: a process running in it loses its cwd (the driver's
@@ -296,13 +287,7 @@ def test_local_autoscaling_rehearsal(tmp_path):
     try:
         t0 = time.time()
         ray_cli = [str(BIN / "ray"), "job", "submit", f"--address=http://127.0.0.1:{dash}"]
-        for _ in range(60):  # up when a trivial job runs (the dashboard answers before its agent)
-            probe = subprocess.run([*ray_cli, "--", "python", "-c", "pass"], cwd=tmp_path, env=env,
-                                   capture_output=True, text=True, timeout=120)
-            if probe.returncode == 0:
-                break
-            time.sleep(2)
-        assert probe.returncode == 0, probe.stdout[-2000:] + probe.stderr[-2000:]
+        wait_for_job_api(ray_cli, tmp_path, env)
         before = cluster_nodes(dash, env)
         assert [n["labels"].get(LABEL) for n in before if n["state"] == "ALIVE"] == [HEAD]
         assert not any(n["resources"].get("GPU") for n in before), "the head has no GPU"

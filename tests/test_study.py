@@ -258,6 +258,27 @@ def test_two_worker_zero2_trial(tmp_path):
 
 
 # --- ray job submit against `ray start --head` ------------------------------------------------
+def copy_checkout(work: Path) -> None:
+    """The tracked (and untracked, not ignored) files of this checkout: what a job ships."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (work / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, work / f)
+
+
+def wait_for_job_api(ray_cli: list[str], cwd: Path, env: dict) -> None:
+    """Up when a trivial job runs: the dashboard answers before its job agent is ready."""
+    for _ in range(60):
+        probe = subprocess.run([*ray_cli, "--", "python", "-c", "pass"], cwd=cwd, env=env,
+                               capture_output=True, text=True, timeout=120)
+        if probe.returncode == 0:
+            return
+        time.sleep(2)
+    raise AssertionError(probe.stdout[-2000:] + probe.stderr[-2000:])
+
+
 def stop_ray_started_here(head: subprocess.Popen, ray_tmp: str) -> None:
     """Stop only the Ray processes this test started: the head's process group, then anything
     still running out of its temp dir."""
@@ -279,12 +300,7 @@ def stop_ray_started_here(head: subprocess.Popen, ray_tmp: str) -> None:
 def test_ray_job_submit_to_a_head_node(tmp_path):
     # the job gets a copy of the tracked files as its working dir; it must use that code
     work = tmp_path / "checkout"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (work / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, work / f)
+    copy_checkout(work)
     ray_tmp = tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # short: Ray's socket paths are limited
     port, dash = free_port(), free_port()
     # Ray 2.60 clusters use token authentication: the head makes ~/.ray/auth_token if missing and
@@ -299,12 +315,7 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
     try:
         address = f"http://127.0.0.1:{dash}"
         ray_cli = [str(BIN / "ray"), "job", "submit", f"--address={address}"]
-        for _ in range(60):  # up when a trivial job runs (the dashboard answers before its agent)
-            probe = subprocess.run([*ray_cli, "--", "python", "-c", "pass"], cwd=tmp_path, env=env,
-                                   capture_output=True, text=True, timeout=120)
-            if probe.returncode == 0:
-                break
-            time.sleep(2)
+        wait_for_job_api(ray_cli, tmp_path, env)
         out = subprocess.run(
             [*ray_cli, "--working-dir", str(work), "--", "python", "study/run.py", "--space",
              "search_spaces/smoke.yaml", "--storage", str(storage), "--mlflow-uri", f"sqlite:///{db}"],
