@@ -139,7 +139,7 @@ KEY_MATERIAL = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----|AKIA[0-9A-Z]{16}|
 
 def test_no_credentials_in_any_file():
     files = sorted(p for p in CLUSTER.rglob("*") if p.is_file())
-    assert len(files) >= 6
+    assert len(files) >= 5
     for path in files:
         text = path.read_text()
         assert not KEY_MATERIAL.search(text), path
