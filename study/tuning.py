@@ -36,7 +36,8 @@ def run_study(
     # one experiment snapshot per checkpoint is what resume needs; don't warn about it
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # snapshot the experiment at every controller step (it is small), so a trial MLflow shows as
-    # finished is also finished for Tune if the driver dies right after: --resume won't rerun it
+    # finished is almost always finished for Tune too if the driver dies; in the remaining window
+    # the trial resends its final report from its last checkpoint and the tracker leaves the run be
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic table, with the columns we choose
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard; JSON/CSV below
@@ -50,12 +51,13 @@ def run_study(
     r = spec.resources
     resources = {**r.model_dump(), "storage": study_dir}
     trainable = tune.with_resources(run_trial, trial_resources(resources))
-    artifact_location = None if "://" in tracking_uri and not tracking_uri.startswith("sqlite") else (
-        os.path.join(study_dir, "..", "mlartifacts", spec.name)
+    # a SQLite store keeps artifacts beside the studies; a tracking server decides for itself
+    artifact_location = (
+        os.path.join(os.path.dirname(study_dir), "mlartifacts", spec.name)
+        if tracking_uri.startswith("sqlite:") else None
     )
-    tracker = StudyTracker(spec, tracking_uri, artifact_location and os.path.abspath(artifact_location))
+    tracker = StudyTracker(spec, tracking_uri, artifact_location)
     tune_dir = os.path.join(study_dir, "tune")
-    status = "FAILED"
     try:
         if resume:
             tuner = tune.Tuner.restore(tune_dir, trainable, resume_errored=True)
@@ -104,12 +106,10 @@ def run_study(
             for res in grid
         ]
         summary, files = write_report(spec, trials, study_dir)
-        status = "FINISHED" if not any(t["status"] == "ERROR" for t in trials) else "FAILED"
-        tracker.finish(status, files)
+        tracker.finish("FAILED" if any(t["status"] == "ERROR" for t in trials) else "FINISHED", files)
         return summary
     except KeyboardInterrupt:
-        status = "KILLED"
-        tracker.finish(status)
+        tracker.finish("KILLED")
         print("interrupted: resume with --resume", file=sys.stderr)
         raise
     except BaseException:
