@@ -116,9 +116,7 @@ class TrialConfig(Strict):
 
     @cached_property
     def task_obj(self) -> tasks.Task:
-        return tasks.get_task(self.task.name, **self.task.params)
-
-    def build_task(self) -> tasks.Task:
+        """The task, built once (validation already needed it; a corpus loads once)."""
         return tasks.get_task(self.task.name, **self.task.params)
 
     def build_model(self, vocab_size: int) -> DecoderLM:

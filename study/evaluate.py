@@ -160,7 +160,7 @@ def evaluate_loss_cell(
     positions, and over positions past the train length, where extrapolation shows."""
     was_training = module.training
     module.eval()
-    sums = np.zeros(5)  # loss sum, tokens, right, tail loss sum, tail tokens
+    sums = np.zeros(6)  # loss sum, tokens, right, tail loss sum, tail tokens, windows
     done = 0
     while done < samples:
         batch = task.sample(min(batch_size, samples - done), rng, length=length)
@@ -172,13 +172,13 @@ def evaluate_loss_cell(
         tail = mask & (torch.arange(1, x.tokens.shape[1], device=device) >= task.train_length)
         sums += [loss[mask].sum().item(), mask.sum().item(),
                  ((logits.argmax(-1) == x.tokens[:, 1:]) & mask).sum().item(),
-                 loss[tail].sum().item(), tail.sum().item()]
+                 loss[tail].sum().item(), tail.sum().item(), len(batch)]
     module.train(was_training)
-    loss_sum, n, right, tail_sum, tail_n = _all_sum(list(sums), device)
+    loss_sum, n, right, tail_sum, tail_n, windows = _all_sum(list(sums), device)  # over all ranks
     return [{
         "length": length, "k": None, "ids": generation_modes(scheme)[0], "loss": loss_sum / n,
         "loss_beyond_train": tail_sum / tail_n if tail_n else float("nan"),
-        "answer_acc": right / n, "exact_match": float("nan"), "n": done,
+        "answer_acc": right / n, "exact_match": float("nan"), "n": int(windows),
     }]
 
 

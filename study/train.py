@@ -32,7 +32,7 @@ CONFIG_FILE = "trial_config.json"
 def load_trained(checkpoint_dir: str):
     """(TrialConfig, task, DecoderLM with the checkpoint's weights) from a trial checkpoint."""
     cfg = load_trial_config_json(os.path.join(checkpoint_dir, CONFIG_FILE))
-    task = cfg.build_task()
+    task = cfg.task_obj
     model = cfg.build_model(len(task.vocab))
     if cfg.deepspeed.zero_stage == 3:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -106,7 +106,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world, device = setup_distributed()
-    task = cfg.build_task()
+    task = cfg.task_obj
     torch.manual_seed(cfg.seed)
     model = cfg.build_model(len(task.vocab))
     engine, *_ = deepspeed.initialize(
