@@ -40,6 +40,10 @@ class ModelConfig:
     position_head: bool = False  # PPC: predict the next token's position id
     position_target: PositionTarget = "absolute"
     rope_base: float = 10000.0
+    # attention locality in id space: the first `id_window_heads` heads (all when None) see only
+    # keys whose id is within id_window of the query's id; None = every head sees every key
+    id_window: int | None = None
+    id_window_heads: int | None = None
 
     @property
     def n_position_classes(self) -> int:
@@ -97,6 +101,13 @@ class Attention(nn.Module):
             v = torch.cat([cache[1], v], dim=2)
             key_ids = torch.cat([cache[2], position_ids], dim=1)
         bias = mask
+        if self.cfg.id_window is not None:
+            far = (position_ids[:, :, None] - key_ids[:, None, :]).abs() > self.cfg.id_window  # [B,Tq,Tk]
+            heads = self.n_heads if self.cfg.id_window_heads is None else self.cfg.id_window_heads
+            local = torch.arange(self.n_heads, device=x.device) < heads
+            window = torch.zeros(far.shape[0], self.n_heads, *far.shape[1:], dtype=q.dtype, device=x.device)
+            window = window.masked_fill(far[:, None] & local[None, :, None, None], float("-inf"))
+            bias = window if bias is None else bias + window
         if self.cfg.encoding == "alibi":
             dist = (position_ids[:, :, None] - key_ids[:, None, :]).abs().to(q.dtype)  # [B, Tq, Tk]
             alibi = -self.slopes.to(q.dtype)[None, :, None, None] * dist[:, None]
@@ -172,7 +183,7 @@ class DecoderLM(nn.Module):
             x = x + self.pos_emb(position_ids)
         x = self.drop(x)
         # Plain causal attention takes SDPA's fused is_causal path; anything else an additive mask.
-        causal = visible is None and past == 0 and self.cfg.encoding != "alibi"
+        causal = visible is None and past == 0 and self.cfg.encoding != "alibi" and self.cfg.id_window is None
         mask = None if causal else self._attention_mask(B, T, past, visible, x.device, x.dtype)
         new_cache: KVCache = []
         for i, block in enumerate(self.blocks):

@@ -37,6 +37,10 @@ class PositionalSpec(Strict):
     pose_chunks: int = Field(2, ge=1)
     position_loss_weight: float = Field(1.0, ge=0, description="PPC: weight of the position head loss")
     position_target: Literal["absolute", "delta"] = "absolute"
+    id_window: int | None = Field(
+        None, ge=0, description="attention locality: heads see only keys with |id_q - id_k| <= id_window")
+    id_window_heads: int | None = Field(
+        None, ge=1, description="how many heads are id-local (default: all); the rest see every key")
 
     @property
     def label(self) -> str:
@@ -133,6 +137,8 @@ class TrialConfig(Strict):
                 encoding=p.encoding,
                 position_head=p.ids == "predicted",
                 position_target=p.position_target,
+                id_window=p.id_window,
+                id_window_heads=p.id_window_heads,
             )
         )
 

@@ -11,6 +11,7 @@ from .addition import AdditionTask
 from .base import Batch, Task, TaskParamError, Vocab
 from .copy_task import CopyTask
 from .lm import LMTask
+from .parity import ParityTask
 from .parity_scratchpad import ParityScratchpadTask
 from .sparse_parity import SparseParityTask
 from .variable_assignment import VariableAssignmentTask
@@ -19,6 +20,7 @@ TASKS: dict[str, type[Task]] = {
     cls.name: cls
     for cls in (
         SparseParityTask,
+        ParityTask,
         ParityScratchpadTask,
         VariableAssignmentTask,
         CopyTask,

@@ -27,6 +27,7 @@ class AdditionTask(Task):
     name: ClassVar[str] = "addition"
     description: ClassVar[str] = "n-digit addition, sum reversed, digits of equal significance share ids"
     uses_k: ClassVar[bool] = False
+    local_coupling: ClassVar[bool] = True
     default_train_length: ClassVar[int] = 5
 
     def __init__(self, **common: Any) -> None:
@@ -83,7 +84,17 @@ class AdditionTask(Task):
         for i in range(batch):
             length = int(lengths[i])
             answers.append(_msb_first(c[i, : length + 1]))
-            meta.append({"a": _msb_first(a[i, :length]), "b": _msb_first(b[i, :length]), "length": length})
+            # c_j <- a_j, b_j (offset +1 from the predicting token), a_{j-1}, b_{j-1}, c_{j-1} (offset 0)
+            col_a = lambda j: length - 1 - j  # noqa: E731  (MSB first)
+            col_b = lambda j: 2 * length - j  # noqa: E731
+            deps = []
+            for j in range(length + 1):
+                now = [col_a(j), col_b(j)] if j < length else []
+                carry = [col_a(j - 1), col_b(j - 1), 2 * length + 1 + j] if j > 0 else []
+                deps.append(now + carry)
+            deps.append([])  # <eos>
+            meta.append({"a": _msb_first(a[i, :length]), "b": _msb_first(b[i, :length]), "length": length,
+                         "deps": deps})
         return make_batch(
             tokens, position_ids, 2 * lengths + 2, 3 * lengths + 4, in_c, answers, meta,
             pad_id=self.vocab.pad_id,

@@ -19,6 +19,7 @@ class CopyTask(Task):
     name: ClassVar[str] = "copy"
     description: ClassVar[str] = "copy n random symbols after '='"
     uses_k: ClassVar[bool] = False
+    local_coupling: ClassVar[bool] = True
     default_train_length: ClassVar[int] = 10
 
     def __init__(self, *, alphabet: int = 10, **common: Any) -> None:
@@ -57,7 +58,9 @@ class CopyTask(Task):
         position_ids = np.select([is_input | is_output, cols == n], [src + 1, 0], default=n + 1)
         names = self._symbols()
         answers = [self._sep.join([names[s] for s in symbols[b, : lengths[b]]]) for b in range(batch)]
-        meta = [{"length": int(lengths[b])} for b in range(batch)]
+        # output i <- input i (read at offset +1 from the token that predicts it); <eos> <- nothing
+        meta = [{"length": int(lengths[b]), "deps": [[i] for i in range(int(lengths[b]))] + [[]]}
+                for b in range(batch)]
         return make_batch(
             tokens, position_ids, lengths + 1, 2 * lengths + 2, is_output, answers, meta,
             pad_id=self.vocab.pad_id,

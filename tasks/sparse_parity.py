@@ -102,7 +102,8 @@ class SparseParityTask(Task):
         answer_mask = cols == n + 1
         answers = [str(int(p)) for p in parity]
         meta = [
-            {"marked": np.flatnonzero(marked[b]).tolist(), "k": int(ks[b]), "length": int(lengths[b])}
+            {"marked": np.flatnonzero(marked[b]).tolist(), "k": int(ks[b]), "length": int(lengths[b]),
+             "deps": [np.flatnonzero(marked[b]).tolist()]}  # the answer <- every marked bit
             for b in range(batch)
         ]
         return make_batch(

@@ -1,8 +1,12 @@
 """Variable assignment (pointer chasing): follow `x = y ;` statements from a queried variable.
 
-length = number of statements m, k = chain depth d. With a scratchpad each step reads one
-right-hand side, and its coupled id is that right-hand side's id, so every output token
-depends on a single, id-addressed input token.
+length = number of statements m, k = chain depth d. With a scratchpad the model first repeats the
+queried variable, then writes each variable of the chain and finally the digit. Coupled ids are
+*local* (PAPER.md, "When does a coupling help?"): every scratchpad variable carries the id of the
+`x` of the statement `x = y ;` that assigns it, so the token that predicts the next step reads it at
+offset +2 (the `y`); the digit carries its own statement's `y` id. Finding *which* statement assigns
+a variable is a content lookup: under PPC the position head does it by predicting that id.
+Without a scratchpad the answer needs d lookups in one step, which no coupling makes local.
 """
 
 from __future__ import annotations
@@ -74,13 +78,17 @@ class VariableAssignmentTask(Task):
                 "length", f"{length} statements need distinct variables but num_vars={self.num_vars}"
             )
 
+    @property
+    def local_coupling(self) -> bool:
+        return self.scratchpad
+
     def max_position_id(self, length: int, k: int | None) -> int:
         return 4 * length + (2 if self.scratchpad else 4)
 
     def max_seq_len(self, length: int, k: int | None) -> int:
         if k is None:
             k = min(self.train_k, length)  # type: ignore[type-var]
-        return 4 * length + 2 + (k + 1 if self.scratchpad else 2)
+        return 4 * length + 2 + (k + 2 if self.scratchpad else 2)
 
     def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator) -> Batch:
         assert ks is not None
@@ -109,11 +117,15 @@ class VariableAssignmentTask(Task):
             axis=2,
         ).reshape(batch, 4 * m_max)
 
-        # Targets: the right-hand sides of chain statements 0..d-1 (scratchpad) or just the last.
+        # Targets: the query again, then the right-hand sides of chain statements 0..d-1 (scratchpad),
+        # or just the last. Scratchpad variable x_j has the id of the `x` of the statement assigning
+        # it (4 * slot + 1); the digit the id of its `y` (4 * slot + 3).
         if self.scratchpad:
-            n_targets = ks
-            target_tok = rhs_tok[:, :d_max]
-            target_ids = 4 * slot_of[:, :d_max] + 3
+            n_targets = ks + 1
+            target_tok = np.concatenate([lhs_tok[:, :1], rhs_tok[:, :d_max]], axis=1)
+            digit_ids = 4 * np.take_along_axis(slot_of, d - 1, axis=1) + 3
+            target_ids = np.concatenate([4 * slot_of[:, :d_max] + 1, digit_ids], axis=1)
+            target_ids = np.where(np.arange(d_max + 1)[None, :] == d, digit_ids, target_ids)
         else:
             n_targets = np.ones(batch, dtype=np.int64)
             target_tok = np.take_along_axis(rhs_tok, d - 1, axis=1)
@@ -134,8 +146,8 @@ class VariableAssignmentTask(Task):
             [block, self.vocab["?"], lhs_tok[:, :1], np.take_along_axis(target_tok, idx, axis=1)],
             default=self.vocab.eos_id,
         )
-        if self.scratchpad:
-            out_ids = np.where(in_targets, np.take_along_axis(target_ids, idx, axis=1), 4 * m + 1)
+        if self.scratchpad:  # <eos> follows the digit: the id of the statement's `;`
+            out_ids = np.where(in_targets, np.take_along_axis(target_ids, idx, axis=1), digit_ids + 1)
         else:
             out_ids = np.where(in_targets, target_ids, 4 * m + 4)
         position_ids = np.where(cols < start, cols + 1, out_ids)
@@ -147,7 +159,13 @@ class VariableAssignmentTask(Task):
             digit = str(int(digits[b, ks[b] - 1]))
             answers.append(digit)
             chain = [names[t] for t in lhs_tok[b, : ks[b]]] + [digit]
-            meta.append({"chain": chain, "depth": int(ks[b]), "statements": int(lengths[b])})
+            p = int(prompt_len[b])
+            rhs_col = [4 * int(slot_of[b, j]) + 2 for j in range(ks[b])]  # where each step is read
+            if self.scratchpad:  # echo <- query; x_{j+1} (or the digit) <- y of x_j; <eos> <- digit
+                deps = [[p - 1]] + [[c] for c in rhs_col] + [[p + int(ks[b])]]
+            else:  # the digit needs every statement of the chain
+                deps = [rhs_col, [p]]
+            meta.append({"chain": chain, "depth": int(ks[b]), "statements": int(lengths[b]), "deps": deps})
         return make_batch(
             tokens, position_ids, prompt_len, seq_len, answer_mask, answers, meta,
             pad_id=self.vocab.pad_id,

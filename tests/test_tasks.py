@@ -144,14 +144,34 @@ def test_parity_scratchpad(length, k):
         assert marked == meta["marked"] and len(marked) == meta["k"]
         running = list(np.cumsum([bits[i] for i in marked]) % 2)
         pad = tokens[n + 1 : -1]
-        assert tokens[n] == "=" and tokens[-1] == "<eos>" and len(tokens) == n + len(marked) + 2
-        assert pad == [str(r) for r in running] and answer == pad[-1]
-        # s_i carries the id of the i-th marked bit; that id holds a marked token.
-        assert ids[n + 1 : -1] == [p + 1 for p in marked]
+        assert tokens[n] == "=" and tokens[-1] == "<eos>" and len(tokens) == n + len(marked) + 3
+        assert pad == ["0"] + [str(r) for r in running] and answer == pad[-1]
+        # s_{i-1} carries the id of the i-th marked bit (the bit the next step reads); s_k the id of `=`
+        assert ids[n + 1 : -2] == [p + 1 for p in marked] and ids[-2] == n + 1
         assert all(tokens[ids[n + 1 + i] - 1] in "AB" for i in range(len(marked)))
-        assert ids[n] == ids[-1] == n + 1 and ids[:n] == list(range(1, n + 1))
-        assert prompt == n + 1 and loss == [False] * (n + 1) + [True] * (len(marked) + 1)
+        assert ids[n] == n + 1 and ids[-1] == n + 2 and ids[:n] == list(range(1, n + 1))
+        assert prompt == n + 1 and loss == [False] * (n + 1) + [True] * (len(marked) + 2)
         assert [i for i, a in enumerate(ans) if a] == [len(tokens) - 2]
+
+
+# --- parity (all bits) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [37, None])
+def test_parity(length):
+    task = get_task("parity", train_length=12)
+    batch = task.sample(300, rng(14), length=length)
+    check_padding(task, batch)
+    for (tokens, ids, loss, ans, prompt), meta, answer in zip(rows(task, batch), batch.meta, batch.answers):
+        n = meta["length"]
+        bits = [int(t) for t in tokens[:n]]
+        running = [str(x) for x in np.cumsum(bits) % 2]
+        assert tokens[n] == "=" and tokens[n + 1 : -1] == running and tokens[-1] == "<eos>"
+        assert answer == str(sum(bits) % 2) == running[-1]
+        # b_i has id i; `=` shares id 1 with b_1; s_i has id i + 1; <eos> n + 2
+        assert ids == list(range(1, n + 1)) + [1] + list(range(2, n + 3))
+        assert prompt == n + 1 and loss == [False] * (n + 1) + [True] * (n + 1)
+        assert [i for i, a in enumerate(ans) if a] == [2 * n]
 
 
 # --- variable assignment -----------------------------------------------------------------
@@ -186,15 +206,18 @@ def test_variable_assignment_scratchpad(length, k):
         assert var == answer and followed[-1] == answer
         assert len(followed) == d and (d == k if k is not None else 1 <= d <= min(4, m))
         depths.add(d)
-        assert tokens[prompt:] == followed + ["<eos>"]
-        assert meta["chain"] == [tokens[4 * m + 1], *followed]
-        # Each scratchpad token's id points at the rhs token it was read from.
-        out_ids = ids[prompt:-1]
-        assert [i - 1 for i in out_ids] == read_from
-        assert [tokens[i - 1] for i in out_ids] == followed
-        assert ids[:prompt] == list(range(1, 4 * m + 3)) and ids[-1] == 4 * m + 1
+        query = tokens[4 * m + 1]
+        assert tokens[prompt:] == [query] + followed + ["<eos>"]
+        assert meta["chain"] == [query, *followed]
+        # Each scratchpad variable has the id of the `x` of the statement assigning it (its value,
+        # the next step, sits at id + 2); the digit has the id of the `y` it was read from.
+        chain_ids, digit_id = ids[prompt:-2], ids[-2]
+        assert [tokens[i - 1] for i in chain_ids] == [query] + followed[:-1]
+        assert [i + 1 for i in chain_ids] == read_from and all(tokens[i] == "=" for i in chain_ids)
+        assert digit_id - 1 == read_from[-1] and ids[-1] == digit_id + 1
+        assert ids[:prompt] == list(range(1, 4 * m + 3))
         assert [i for i, a in enumerate(ans) if a] == [len(tokens) - 2]
-        assert loss == [False] * prompt + [True] * (d + 1)
+        assert loss == [False] * prompt + [True] * (d + 2)
     if k is None:
         assert depths == {1, 2, 3, 4}
 
@@ -266,6 +289,61 @@ def test_addition():
             assert ans == [False] * (2 * n + 2) + [True] * (n + 1) + [False]
             assert prompt == 2 * n + 2
     assert any(a[0] == "1" for a in batch.answers)  # carries into the top digit happen
+
+
+# --- locality of the coupled ids (PAPER.md, "When does a coupling help?") -------------------
+
+
+def dependency_offsets(task: Task, length: int, k: int | None, samples: int = 64) -> set[int]:
+    """Every id offset from the token that predicts a target to a token the target depends on."""
+    batch = task.sample(samples, rng(length), length=length, k=k)
+    offsets = set()
+    for b in range(len(batch)):
+        ids = batch.position_ids[b]
+        targets = np.flatnonzero(batch.loss_mask[b])
+        deps = batch.meta[b]["deps"]
+        assert len(deps) == len(targets)  # one dependency list per target token, in order
+        for t, dep in zip(targets, deps):
+            assert all(d < t for d in dep)  # causal: only earlier tokens
+            offsets |= {int(ids[d] - ids[t - 1]) for d in dep}
+    return offsets
+
+
+LOCAL = [("addition", {}), ("parity", {}), ("copy", {}), ("parity_scratchpad", {"train_k": 4}),
+         ("variable_assignment", {"train_k": 3})]
+
+
+@pytest.mark.parametrize("name,params", LOCAL)
+def test_local_couplings_read_at_fixed_offsets_at_any_length(name, params):
+    """The criterion itself: at 8x the train length the predicting token finds every dependency at
+    an offset it already had in training, and the offsets are a small fixed set."""
+    task = get_task(name, train_length=6, **params)
+    assert task.local_coupling
+    k = 3 if task.uses_k else None
+    trained = set().union(*(dependency_offsets(task, n, k) for n in range(3, 7)))
+    for length in (12, 24, 48):
+        assert dependency_offsets(task, length, k) <= trained, (name, length)
+    assert max(abs(o) for o in trained) <= 2
+    expected = {"addition": {0, 1}, "parity": {0}, "copy": {1}, "parity_scratchpad": {0},
+                "variable_assignment": {0, 2}}[name]
+    assert trained == expected
+
+
+@pytest.mark.parametrize("name,params", [("sparse_parity", {}), ("variable_assignment", {"scratchpad": False})])
+def test_nonlocal_couplings_are_declared_and_grow_with_length(name, params):
+    task = get_task(name, train_length=6, train_k=3, **params)
+    assert not task.local_coupling
+    short, long = dependency_offsets(task, 6, 3), dependency_offsets(task, 48, 3)
+    assert max(abs(o) for o in long) > max(abs(o) for o in short)
+
+
+def test_every_generating_task_records_its_dependencies():
+    for name, cls in TASKS.items():
+        if cls.evaluation != "generate":
+            continue
+        task = get_task(name)
+        batch = task.sample(8, rng(15))
+        assert all("deps" in m for m in batch.meta), name
 
 
 # --- cross-task contracts ----------------------------------------------------------------
