@@ -1,0 +1,184 @@
+"""Re-measure the coupling results on any seeds and test lengths, and check the claims.
+
+    python -m benchmarks.coupling                                   # the three coupling_* specs
+    python -m benchmarks.coupling search_spaces/coupling_parity.yaml --seeds 7 8 9 --lengths 30 50
+    python -m benchmarks.coupling --json results.json               # keep the table for later runs
+
+Every cell of each study spec is trained once per seed (in-process, DeepSpeed on one rank, no Ray:
+the same training loop a study runs), evaluated at the spec's test lengths or `--lengths`, and the
+exact match of each cell is printed per length: mean, min and max over the seeds. Then each claim the
+README states for that spec is checked at every length of at least twice the train length, and the
+command exits 1 if one fails. These are minutes-long runs, so they live here and not in the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ["coupling_addition", "coupling_parity", "coupling_variable_assignment"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """At every test length >= 2x the train length, the mean exact match of the cells whose label
+    contains `cell` is at least `at_least` (or at most `at_most`)."""
+
+    cell: str
+    at_least: float | None = None
+    at_most: float | None = None
+
+    def holds(self, value: float) -> bool:
+        return (self.at_least is None or value >= self.at_least) and (self.at_most is None or value <= self.at_most)
+
+    def __str__(self) -> str:
+        bound = f">= {self.at_least}" if self.at_least is not None else f"<= {self.at_most}"
+        return f"{self.cell}: exact {bound}"
+
+
+# The README's claims (issue 12): known results, T2, T3.
+CLAIMS: dict[str, list[Claim]] = {
+    "coupling_addition": [
+        Claim("ids=coupled,id_window=1", at_least=0.95),
+        Claim("ids=random_shift", at_most=0.5),
+    ],
+    "coupling_parity": [
+        Claim("ids=predicted,id_window=1", at_least=0.9),
+        Claim("ids=coupled,id_window=1", at_least=0.95),
+        Claim("ids=random_shift", at_most=0.5),
+        Claim("ids=pose", at_most=0.5),
+    ],
+    "coupling_variable_assignment": [
+        Claim("scratchpad=True,encoding=learned,ids=predicted", at_least=0.9),
+        Claim("ids=random_shift", at_most=0.5),
+        Claim("ids=pose", at_most=0.5),
+    ],
+}
+
+
+def _run_trial(job: dict) -> dict:
+    """One trial in a worker process; returns its grid records (own ids only under PPC)."""
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    import logging
+
+    logging.disable(logging.WARNING)
+    from models import generation_modes
+    from study.train import train_loop_per_worker
+
+    class Quiet:
+        checkpointing = False
+
+        def report(self, metrics, checkpoint_dir=None):
+            pass
+
+        from contextlib import nullcontext as restore_dir
+
+    start = time.time()
+    out = train_loop_per_worker(job["trial"], Quiet())
+    own = generation_modes(job["trial"]["positional"]["ids"])[0]
+    rows = [
+        {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"], "length": r["length"],
+         "k": r["k"], "exact_match": r["exact_match"], "id_match": r.get("id_match")}
+        for r in out["records"] if r["ids"] == own
+    ]
+    return {"rows": rows, "val_exact": out["metrics"]["val_exact"], "seconds": time.time() - start}
+
+
+def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None) -> tuple[list[dict], int]:
+    from study.config import TrialConfig
+    from study.spec import load_spec
+
+    spec = load_spec(str(spec_path))
+    jobs = []
+    for cell in spec.cells():
+        for seed in seeds:
+            trial = spec.trial_config(cell, {}, seed)
+            if lengths:
+                trial["eval"] = {**trial.get("eval", {}), "lengths": lengths}
+            TrialConfig.model_validate(trial)  # a length beyond max_position fails here, naming the field
+            jobs.append({"spec": spec.name, "cell": cell.label, "trial": trial})
+    train_length = TrialConfig.model_validate(jobs[0]["trial"]).task_obj.train_length
+    return jobs, train_length
+
+
+def check_claims(table, name: str, train_length: int) -> list[str]:
+    failures = []
+    far = table[(table.spec == name) & (table.length >= 2 * train_length)]
+    for claim in CLAIMS.get(name, []):
+        rows = far[far.cell.str.contains(claim.cell, regex=False)]
+        if rows.empty:
+            failures.append(f"{name}: no cell matches {claim.cell!r}")
+            continue
+        for length, value in rows.groupby("length").exact_match.mean().items():
+            ok = claim.holds(value)
+            print(f"  [{'ok' if ok else 'FAIL'}] {claim} at length {length}: {value:.3f}")
+            if not ok:
+                failures.append(f"{name}: {claim} at length {length}: {value:.3f}")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.coupling", description=__doc__.split("\n")[0])
+    parser.add_argument("specs", nargs="*", help="study specs (default: the coupling_* specs)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: each spec's)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
+    parser.add_argument("--json", help="write every row here")
+    args = parser.parse_args(argv)
+    paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
+
+    import pandas as pd
+    from pydantic import ValidationError
+
+    from study.config import describe_errors
+
+    plans = []
+    for path in paths:
+        try:
+            plans.append((path, *jobs_for(path, args.seeds, args.lengths)))
+        except (OSError, ValueError) as e:
+            detail = describe_errors(e) if isinstance(e, ValidationError) else str(e)
+            print(f"error: {path}: {detail}", file=sys.stderr)
+            return 2
+    all_jobs = [job for _, jobs, _ in plans for job in jobs]
+    print(f"{len(all_jobs)} trials ({', '.join(p.stem for p in paths)}), seeds {args.seeds}, "
+          f"{args.workers} at a time", flush=True)
+    start, rows, seconds = time.time(), [], []
+    import multiprocessing
+
+    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for i, (job, result) in enumerate(zip(all_jobs, pool.map(_run_trial, all_jobs)), 1):
+            rows += result["rows"]
+            seconds.append(result["seconds"])
+            print(f"[{time.time() - start:6.0f}s] {i}/{len(all_jobs)} {job['spec']} {job['cell']} "
+                  f"seed={job['trial']['seed']} val_exact={result['val_exact']:.3f} ({result['seconds']:.0f}s)",
+                  flush=True)
+    table = pd.DataFrame(rows)
+    failures = []
+    for path, _, train_length in plans:
+        name = path.stem
+        part = table[table.spec == name]
+        summary = part.groupby(["cell", "k", "length"], dropna=False).exact_match.agg(["mean", "min", "max"])
+        print(f"\n{name} (train length {train_length}): exact match over seeds {args.seeds}")
+        print(summary.unstack("length").round(3).to_string())
+        failures += check_claims(table, name, train_length)
+    print(f"\n{len(all_jobs)} trials in {time.time() - start:.0f}s wall, {sum(seconds):.0f}s of trial time")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "failures": failures}, indent=1))
+    for failure in failures:
+        print(f"claim failed: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
