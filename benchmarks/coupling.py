@@ -73,18 +73,12 @@ def _run_trial(job: dict) -> dict:
 
     logging.disable(logging.WARNING)
     from models import generation_modes
+    from study.session import LocalSession
     from study.train import train_loop_per_worker
 
-    class Quiet:
-        checkpointing = False
-
-        def report(self, metrics, checkpoint_dir=None):
-            pass
-
-        from contextlib import nullcontext as restore_dir
-
     start = time.time()
-    out = train_loop_per_worker(job["trial"], Quiet())
+    with open(os.devnull, "w") as quiet:
+        out = train_loop_per_worker(job["trial"], LocalSession(quiet))
     own = generation_modes(job["trial"]["positional"]["ids"])[0]
     rows = [
         {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"], "length": r["length"],

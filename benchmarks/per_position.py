@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from models import inference_ids, training_ids
     from study.config import TrialConfig, describe_errors
-    from study.spec import _set_path  # the spec's own dotted-path setter
+    from study.spec import _set_path  # our own dotted-path setter, the one study specs use
+    from study.session import FolderSession
     from study.train import load_trained, train_loop_per_worker
 
     raw = yaml.safe_load(open(args.config))
@@ -63,23 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 
-    class KeepLast:
-        """Keeps the last checkpoint, from which the trained model is rebuilt."""
-
-        checkpointing = True
-
-        def __init__(self, folder):
-            self.folder = folder
-
-        def report(self, metrics, checkpoint_dir=None):
-            import shutil
-
-            shutil.copytree(checkpoint_dir, self.folder, dirs_exist_ok=True)
-
-        from contextlib import nullcontext as restore_dir
-
     with tempfile.TemporaryDirectory() as folder:
-        train_loop_per_worker(cfg, KeepLast(folder))
+        train_loop_per_worker(cfg, FolderSession(folder))
         _, task, model = load_trained(folder)
 
     pos = cfg.positional

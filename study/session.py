@@ -78,3 +78,23 @@ def setup_distributed() -> tuple[int, int, torch.device]:
         torch.cuda.set_device(local)
         return rank, world, torch.device("cuda", local)
     return rank, world, torch.device("cpu")
+
+
+class FolderSession:
+    """In-process runs that keep their last checkpoint in `folder`, so the trained model can be
+    rebuilt afterwards (`study.train.load_trained(folder)`) for an analysis; no resume."""
+
+    checkpointing = True
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
+        import shutil
+
+        if checkpoint_dir is not None:
+            shutil.copytree(checkpoint_dir, self.folder, dirs_exist_ok=True)
+
+    @contextmanager
+    def restore_dir(self) -> Iterator[str | None]:
+        yield None

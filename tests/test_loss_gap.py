@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from models import DecoderLM, ModelConfig
 from study.loss_gap import GapConfig, TargetScorer, plot_gap, run_analysis, summarize_gap
+from study.session import FolderSession
 
 VOCAB = 11
 
@@ -103,23 +104,6 @@ def test_gap_figure(tmp_path):
 
 
 # --- trained models and the command line ---------------------------------------------------------
-class KeepLastCheckpoint:
-    checkpointing = True
-
-    def __init__(self, folder):
-        self.folder = folder
-
-    def report(self, metrics, checkpoint_dir=None):
-        import shutil
-
-        shutil.copytree(checkpoint_dir, self.folder, dirs_exist_ok=True)
-
-    from contextlib import nullcontext
-
-    def restore_dir(self):
-        return self.nullcontext()
-
-
 @pytest.fixture(scope="module")
 def trained_lm(tmp_path_factory):
     """A small byte LM trained briefly on the stdlib corpus, with its checkpoint folder."""
@@ -135,7 +119,7 @@ def trained_lm(tmp_path_factory):
         "loss_gap": {"long_context": 64, "short_context": 2, "ks": [1, 4], "targets": 48, "sparse_k": 4},
         "seed": 0,
     }
-    out = train_loop_per_worker(cfg, KeepLastCheckpoint(folder))
+    out = train_loop_per_worker(cfg, FolderSession(folder))
     return out, folder
 
 
