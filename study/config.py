@@ -3,16 +3,19 @@
 Groups kept apart as in position-coupling's configs: task / positional scheme / model /
 optimisation / DeepSpeed / evaluation. Cross-field checks (k larger than the length, a test length
 whose ids exceed `max_position`) raise errors that name the field, so a bad config fails before a
-cluster is touched.
+cluster is touched. `load_yaml` reads config files strictly (one document, no key given twice) and
+turns YAML errors into `file:line:column:` messages.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from functools import cached_property
 from itertools import product
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 import tasks
@@ -20,8 +23,28 @@ from models import DecoderLM, ModelConfig
 from models.positions import IdScheme, uses_task_ids
 
 
+MAX_SEED = 2**32 - 1  # numpy's and Optuna's seeds are 32-bit
+# Sizes beyond these cannot be allocated on any one machine this platform targets; refusing them
+# at load time beats an out-of-memory kill (or a 2.5 TB allocation) after a cluster has started.
+MAX_POSITION = 2**20
+MAX_PARAMETERS = 10**10  # 160 GB of fp32 weights, gradients and AdamW moments
+MAX_YAML_DEPTH = 50
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a NaN or inf anywhere in a config is a typo or an overflow, never a setting
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def refuse_non_finite(data: Any, path: str = "") -> Any:
+    """Raise naming the first NaN or inf in a raw config, also where fields take any value
+    (task params, study grids and base) that `allow_inf_nan` does not reach."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise ValueError(f"{path or 'value'}: {data} is not a finite number")
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        refuse_non_finite(value, f"{path}.{key}" if path else str(key))
+    return data
 
 
 class TaskSpec(Strict):
@@ -32,7 +55,8 @@ class TaskSpec(Strict):
 class PositionalSpec(Strict):
     encoding: Literal["nope", "learned", "rope", "alibi"] = "learned"
     ids: IdScheme = "sequential"
-    max_position: int = Field(128, ge=2, description="ids are < max_position in training and test")
+    max_position: int = Field(
+        128, ge=2, le=MAX_POSITION, description="ids are < max_position in training and test")
     shift: bool = Field(True, description="random offset of coupled/predicted ids in training")
     pose_chunks: int = Field(2, ge=1)
     position_loss_weight: float = Field(1.0, ge=0, description="PPC: weight of the position head loss")
@@ -48,10 +72,10 @@ class PositionalSpec(Strict):
 
 
 class ModelSpec(Strict):
-    d_model: int = Field(128, ge=8)
-    n_layers: int = Field(2, ge=1)
+    d_model: int = Field(128, ge=8, le=2**16)
+    n_layers: int = Field(2, ge=1, le=1024)
     n_heads: int = Field(4, ge=1)
-    d_ff: int | None = None
+    d_ff: int | None = Field(None, ge=1, le=2**20, description="default 4 * d_model")
     dropout: float = Field(0.0, ge=0, lt=1)
 
     @model_validator(mode="after")
@@ -61,14 +85,23 @@ class ModelSpec(Strict):
         return self
 
 
+Beta = Annotated[float, Field(ge=0, lt=1)]  # AdamW's moment decay rates
+
+
 class OptimSpec(Strict):
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.98)
+    betas: tuple[Beta, Beta] = (0.9, 0.98)
     warmup_steps: int = Field(100, ge=0)
     steps: int = Field(1000, ge=1)
     batch_size: int = Field(64, ge=1, description="global batch, split over workers")
     grad_clip: float = Field(1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _warmup_ends(self) -> "OptimSpec":
+        if self.warmup_steps > self.steps:  # the learning rate would never reach its peak
+            raise ValueError(f"warmup_steps: {self.warmup_steps} is more than steps {self.steps}")
+        return self
 
 
 class DeepSpeedSpec(Strict):
@@ -78,7 +111,7 @@ class DeepSpeedSpec(Strict):
 
 class EvalSpec(Strict):
     lengths: list[int] = Field(min_length=1, description="test lengths (the task's length axis)")
-    ks: list[int] | None = Field(None, description="k_test values; default: the task's train_k")
+    ks: list[int] | None = Field(None, min_length=1, description="k_test values; default: the task's train_k")
     samples_per_cell: int = Field(128, ge=1)
     batch_size: int = Field(128, ge=1)
     val_samples: int = Field(256, ge=1, description="held-out in-distribution validation set")
@@ -116,7 +149,12 @@ class TrialConfig(Strict):
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     eval: EvalSpec
     loss_gap: LossGapSpec | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite(cls, data: Any) -> Any:
+        return refuse_non_finite(data)
 
     @cached_property
     def task_obj(self) -> tasks.Task:
@@ -150,6 +188,17 @@ class TrialConfig(Strict):
         ks = self.eval.ks or [task.train_k]
         return list(product(self.eval.lengths, ks))
 
+    def approx_parameters(self) -> int:
+        """Parameter count of `build_model` up to biases and norms, without allocating it."""
+        p, m = self.positional, self.model
+        d, ff = m.d_model, m.d_ff or 4 * m.d_model
+        rows = 2 * len(self.task_obj.vocab)  # token embedding and LM head
+        if p.encoding == "learned":
+            rows += p.max_position
+        if p.ids == "predicted":  # the position head's classes
+            rows += p.max_position if p.position_target == "absolute" else 2 * p.max_position - 1
+        return rows * d + m.n_layers * (4 * d * d + 2 * d * ff)
+
     def ids_needed(self, length: int, k: int | None) -> int:
         """Largest position id the model sees for this cell (+1 = the max_position it needs)."""
         task = self.task_obj
@@ -164,6 +213,18 @@ class TrialConfig(Strict):
         except tasks.TaskParamError as e:
             field = "task.name" if e.param == "name" else f"task.params.{e.param}"
             raise ValueError(f"{field}: {e}") from None
+        if self.eval.ks is not None and not task.uses_k:
+            raise ValueError(f"eval.ks: task {task.name!r} has no k axis; drop eval.ks")
+        params = self.approx_parameters()
+        if params > MAX_PARAMETERS:
+            m, p = self.model, self.positional
+            raise ValueError(
+                f"model: about {params:.2g} parameters (model.d_model {m.d_model}, model.n_layers "
+                f"{m.n_layers}, model.d_ff {m.d_ff or 4 * m.d_model}, positional.max_position "
+                f"{p.max_position}); "
+                f"the bound is {MAX_PARAMETERS:.0e} ({MAX_PARAMETERS * 16 // 10**9} GB of fp32 weights, "
+                "gradients and AdamW state)"
+            )
         max_pos = self.positional.max_position
         train_k = task.train_k if task.uses_k else None
         need = self.ids_needed(task.train_length, train_k)
@@ -193,11 +254,70 @@ class TrialConfig(Strict):
         return self
 
 
-def load_trial_config(path: str) -> TrialConfig:
-    import yaml
+class InputFileError(ValueError):
+    """A file that is not one YAML mapping; the message starts with `file:line:column:`."""
 
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses what PyYAML lets through: a key given twice (PyYAML keeps the last
+    silently) and nesting deeper than MAX_YAML_DEPTH (its recursive composer would end in a
+    RecursionError). Errors name the dotted path of the key."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.path: list = []  # keys (and list positions) down to the node being composed
+
+    def compose_node(self, parent, index):
+        self.path.append(index.value if isinstance(index, yaml.ScalarNode) else index)
+        try:
+            if len(self.path) > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"{self._dotted()[:60]}...: nested deeper than {MAX_YAML_DEPTH} levels",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.path.pop()
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        first: dict = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{self._dotted(key)}: duplicate key (first on line {first[key].line + 1})",
+                    key_node.start_mark)
+            first[key] = key_node.start_mark
+        return node
+
+    def _dotted(self, *more) -> str:
+        return ".".join(str(p) for p in [*self.path, *more] if p is not None) or "(top level)"
+
+
+def load_yaml(path: str, what: str) -> dict:
+    """Read a file holding one YAML mapping (`what` says which kind, for the error)."""
     with open(path) as f:
-        return TrialConfig.model_validate(yaml.safe_load(f))
+        try:
+            loader = _StrictLoader(f)
+            try:
+                data = loader.get_single_data()
+            finally:
+                loader.dispose()
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+            raise InputFileError(f"{where}: {'; '.join(filter(None, [e.context, e.problem]))}") from None
+        except yaml.YAMLError as e:  # a character YAML may not hold
+            raise InputFileError(f"{path}: {' '.join(str(e).split())}") from None
+    if not isinstance(data, dict):
+        raise InputFileError(f"{path}: {what} is a YAML mapping, not {type(data).__name__}")
+    return data
+
+
+def load_trial_config(path: str) -> TrialConfig:
+    return TrialConfig.model_validate(load_yaml(path, "a trial config"))
 
 
 def describe_errors(error: Exception) -> str:

@@ -99,14 +99,29 @@ def default_concurrency(spec: StudySpec, cpus: int) -> int | None:
     return max(1, int(cpus // (r.workers_per_trial * r.cpus_per_worker)))
 
 
+def local_shortfall(spec: StudySpec) -> str | None:
+    """Why the embedded local Ray can never run one trial of this spec (its trials would wait
+    PENDING forever), or None. Ray counts no more CPUs or GPUs than the machine shows."""
+    import torch
+
+    r = spec.resources
+    for field, need, have in (("cpus_per_worker", r.cpus_per_worker, os.cpu_count() or 1),
+                              ("gpus_per_worker", r.gpus_per_worker, torch.cuda.device_count())):
+        if need * r.workers_per_trial > have:
+            return (f"resources.{field}: a trial needs {need:g} x {r.workers_per_trial} worker(s), this "
+                    f"machine has {have}; the local Ray could never start it (give --address for a cluster)")
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from study.config import describe_errors
+    from study.config import InputFileError, describe_errors
 
     try:
         spec = load_spec(args.space)
-    except (OSError, ValueError) as e:
-        print(f"error: {args.space}: {describe_errors(e)}", file=sys.stderr)
+    except (OSError, ValueError) as e:  # checked before anything is written under --storage
+        where = "" if isinstance(e, InputFileError) else f"{args.space}: "  # it names file:line:col
+        print(f"error: {where}{describe_errors(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     address = args.address or os.environ.get("RAY_ADDRESS")
     storage = os.path.abspath(args.storage)
@@ -123,6 +138,10 @@ def main(argv=None) -> int:
                 return EXIT_BAD_INPUT
         print("\n".join(lines))
         return 0
+    shortfall = None if address else local_shortfall(spec)
+    if shortfall:
+        print(f"error: {args.space}: {shortfall}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if os.path.exists(tune_dir) and not args.resume:
         print(f"error: study {spec.name!r} already exists in {study_dir}; pass --resume to continue it, "
               "or choose another --storage or name", file=sys.stderr)
@@ -135,13 +154,21 @@ def main(argv=None) -> int:
     os.makedirs(study_dir, exist_ok=True)
     tracking_uri = args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
     print("\n".join(plan_lines(spec, concurrency)), flush=True)
-    summary = run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume)
+    summary, failed = run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume)
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     print(f"\nresults: {study_dir}/results.csv\nMLflow:  mlflow ui --backend-store-uri {tracking_uri}")
-    return 0
+    if not failed:
+        return 0
+    lines = [f"error: {len(failed)} trial(s) failed:"]
+    lines += [f"  {t['trial_id']} (cell {t['cell']}): {t['reason']}" for t in failed]
+    selected = set(summary["cell"]) if "cell" in summary else set()
+    lines += [f"  cell {c.label}: no trial finished, nothing selected"
+              for c in spec.cells() if c.label not in selected]
+    print("\n".join(lines), file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -6,24 +6,36 @@
   `extrapolation: true`.
 Keys of `grid` and `search.params` are dotted paths into the trial config (study/config.py), e.g.
 `task.params.train_k`, `optim.lr`, or `positional` (a whole group, given as a mapping).
-Every cell's trial config is validated when the spec is loaded, so a typo in a path, an unknown
-scheme or a test length beyond `max_position` fails before Ray starts, naming the field.
+Every trial config the study can produce is validated when the spec is loaded: each cell with
+every `choice` value and both ends of every range of the search, so a typo in a path, an unknown
+scheme, a test length beyond `max_position` or a searched value out of range fails before Ray
+starts, naming the field. So do settings that would be silently overridden or conflict (a grid and
+a search on one path, `base.seed`, `base.deepspeed` against `resources`).
 """
 
 from __future__ import annotations
 
+import builtins
 import copy
+import fnmatch
 import itertools
+import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from study.config import Strict, TaskSpec, TrialConfig, describe_errors
+from study.config import (
+    MAX_SEED, Strict, TaskSpec, TrialConfig, describe_errors, load_yaml, refuse_non_finite)
+from study.train import selectable_metrics
 
 EXTRAPOLATION_METRICS = ("acc_beyond", "exact_beyond")
+KINDS = ("loguniform", "uniform", "int", "choice")
+# a search's points are validated as one product per cell while it is this small, else each
+# point once with the other parameters at their first point
+MAX_POINT_PRODUCT = 256
 
 
 class Distribution(Strict):
@@ -31,20 +43,29 @@ class Distribution(Strict):
 
     loguniform: tuple[float, float] | None = None
     uniform: tuple[float, float] | None = None
-    int: tuple[int, int] | None = None
+    # `int` names the field, so the annotation must name the builtin explicitly
+    int: tuple[builtins.int, builtins.int] | None = None
     choice: list[Any] | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Distribution":
-        given = [k for k in ("loguniform", "uniform", "int", "choice") if getattr(self, k) is not None]
+        given = [k for k in KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of loguniform, uniform, int, choice (got {given or 'none'})")
-        low_high = getattr(self, given[0])
-        if given[0] != "choice" and not low_high[0] < low_high[1]:
-            raise ValueError(f"{given[0]}: low {low_high[0]} must be below high {low_high[1]}")
-        if given[0] == "loguniform" and low_high[0] <= 0:
+        if self.choice is not None:
+            if not self.choice:
+                raise ValueError("choice: needs at least one value")
+            return self
+        low, high = getattr(self, given[0])
+        if not low < high:
+            raise ValueError(f"{given[0]}: low {low} must be below high {high}")
+        if given[0] == "loguniform" and low <= 0:
             raise ValueError("loguniform: low must be > 0")
         return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if getattr(self, k) is not None)
 
     def to_tune(self):
         from ray import tune
@@ -57,18 +78,15 @@ class Distribution(Strict):
             return tune.randint(self.int[0], self.int[1] + 1)
         return tune.choice(self.choice)
 
-    def example(self) -> Any:
-        """A value inside the distribution, to validate cells at load time."""
-        for kind in ("loguniform", "uniform", "int"):
-            if getattr(self, kind) is not None:
-                return getattr(self, kind)[0]
-        return self.choice[0]
+    def points(self) -> list[Any]:
+        """The values validation must see: every choice, both ends of a range."""
+        return list(getattr(self, self.kind))
 
 
 class SearchSpec(Strict):
     trials_per_cell: int = Field(4, ge=1)
     sampler: Literal["tpe", "random"] = "tpe"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED // 1000 - 1, description="cell c's sampler: seed * 1000 + c")
     params: dict[str, Distribution] = Field(min_length=1)
 
 
@@ -95,12 +113,21 @@ class SchedulerSpec(Strict):
 
 class ResourcesSpec(Strict):
     workers_per_trial: int = Field(1, ge=1)
-    cpus_per_worker: float = Field(1, gt=0)
+    # Ray takes fractions of a CPU (also above 1) down to 0.0001, fractions of one GPU, whole GPUs
+    cpus_per_worker: float = Field(1, ge=0.0001)
     gpus_per_worker: float = Field(0, ge=0)
     zero_stage: Literal[0, 1, 2, 3] = 0
     bf16: bool = False
     max_concurrent_trials: int | None = Field(None, ge=1, description="default: what the cluster fits")
     max_failures: int = Field(1, ge=0, description="retries of a failed trial from its last checkpoint")
+
+    @model_validator(mode="after")
+    def _ray_accepts(self) -> "ResourcesSpec":
+        gpus = self.gpus_per_worker
+        if (gpus > 1 and not float(gpus).is_integer()) or 0 < gpus < 0.0001:
+            raise ValueError(
+                f"gpus_per_worker: {gpus:g}: Ray gives a fraction (>= 0.0001) of one GPU or whole GPUs")
+        return self
 
 
 @dataclass(frozen=True)
@@ -114,7 +141,8 @@ class Cell:
 
 
 class StudySpec(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # the folder <storage>/<name> and the MLflow experiment: a plain file name, not . or ..
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=100)
     description: str = ""
     task: TaskSpec
     base: dict[str, Any] = Field(default_factory=dict, description="the fixed rest of the trial config")
@@ -124,7 +152,19 @@ class StudySpec(Strict):
     scheduler: SchedulerSpec = SchedulerSpec()
     replicas: int = Field(1, ge=1, description="seeds per cell when search is none")
     resources: ResourcesSpec = ResourcesSpec()
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite(cls, data: Any) -> Any:
+        return refuse_non_finite(data)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_relative_folder(cls, name):
+        if name in (".", ".."):
+            raise ValueError(f"{name!r} would put the study's folder outside --storage")
+        return name
 
     @field_validator("search", mode="before")
     @classmethod
@@ -137,10 +177,16 @@ class StudySpec(Strict):
         for path, values in grid.items():
             if not values:
                 raise ValueError(f"{path}: needs at least one value")
+            seen = set()
+            for value in values:  # two equal values would make two cells with one label
+                key = json.dumps(value, sort_keys=True, default=str)
+                if key in seen:
+                    raise ValueError(f"{path}: duplicate value {value!r}")
+                seen.add(key)
         return grid
 
     @model_validator(mode="after")
-    def _every_cell_is_a_valid_trial(self) -> "StudySpec":
+    def _every_point_is_a_valid_trial(self) -> "StudySpec":
         if self.search is not None and self.replicas > 1:
             raise ValueError(
                 "replicas: seeds per chosen config after a search are not supported yet; "
@@ -148,14 +194,80 @@ class StudySpec(Strict):
             )
         if self.scheduler.type == "asha" and self.search is None and self.replicas == 1:
             raise ValueError("scheduler.type: asha needs several trials per cell to compare")
-        example = {p: d.example() for p, d in (self.search.params.items() if self.search else [])}
+        self._no_setting_twice()
+        if self.search is None and self.seed + self.replicas - 1 > MAX_SEED:
+            raise ValueError(f"seed: replicas use seeds {self.seed}..{self.seed + self.replicas - 1}, "
+                             f"beyond {MAX_SEED}")
+        params = self.search.params if self.search else {}
         for cell in self.cells():
-            try:
-                TrialConfig.model_validate(self.trial_config(cell, example, self.seed))
-            except ValidationError as e:
-                where = f" (cell {cell.label})" if cell.factors else ""
-                raise ValueError(f"{describe_errors(e)}{where}") from None
+            for point, blame in _points(params):
+                self._check_trial(cell, point, blame)
         return self
+
+    def _no_setting_twice(self) -> None:
+        """Refuse what trial_config would silently override or leave ambiguous."""
+        for key, top in (("seed", "seed (and replicas for several seeds per cell)"), ("task", "task")):
+            if key in self.base:
+                raise ValueError(f"base.{key}: set by the study's top-level {top}; remove it from base")
+        ds = self.base.get("deepspeed")
+        if isinstance(ds, dict):
+            for key in ("zero_stage", "bf16"):
+                if key in ds and ds[key] != getattr(self.resources, key):
+                    raise ValueError(f"base.deepspeed.{key}: {ds[key]!r} contradicts resources.{key} "
+                                     f"{getattr(self.resources, key)!r}; set it once, in resources")
+        searched = list(self.search.params) if self.search else []
+        paths = [("grid", p) for p in self.grid] + [("search.params", p) for p in searched]
+        for where, path in paths:
+            root = path.split(".")[0]
+            if root == "seed":
+                raise ValueError(f"{where}.{path}: every trial's seed is the study's seed; for several "
+                                 "seeds per cell use replicas (with search: none)")
+            if root == "deepspeed":
+                raise ValueError(f"{where}.{path}: ZeRO stage and bf16 are resources.zero_stage and "
+                                 "resources.bf16, one for the whole study")
+        for (w1, p1), (w2, p2) in itertools.combinations(paths, 2):
+            if p1 == p2 or p2.startswith(p1 + ".") or p1.startswith(p2 + "."):
+                raise ValueError(f"{w2}.{p2}: also set by {w1}.{p1}; a setting is either a factor "
+                                 "(grid) or searched, once")
+
+    def _check_trial(self, cell: "Cell", point: dict[str, Any], blame: str | None) -> None:
+        """Validate the trial config of one cell at one search point; errors name the field, the
+        cell and, for a searched value, the search parameter that produced it."""
+        where = f" (cell {cell.label})" if cell.factors else ""
+        if blame is None:  # the values of base and grid
+            prefix = ""
+        elif blame == "search.params":  # a combination of searched values
+            prefix = f"search.params: at {point}: "
+        else:
+            prefix = f"{blame}: at {point[blame.removeprefix('search.params.')]!r}: "
+        try:
+            cfg = TrialConfig.model_validate(self.trial_config(cell, point, self.seed))
+        except ValidationError as e:
+            raise ValueError(prefix + "; ".join(describe_errors(e).splitlines()) + where) from None
+        for path, value in point.items():
+            dist = self.search.params[path]
+            if dist.kind in ("uniform", "loguniform") and isinstance(_get_path(cfg, path), int):
+                raise ValueError(f"search.params.{path}: {dist.kind} draws real numbers but {path} is an "
+                                 "integer (or a bool); use int: [low, high] or choice")
+        workers = self.resources.workers_per_trial
+        if cfg.optim.batch_size % workers:
+            raise ValueError(f"{prefix}optim.batch_size: {cfg.optim.batch_size} is not divisible by "
+                             f"resources.workers_per_trial {workers}{where}")
+        self._check_objective(cfg, prefix, where)
+
+    def _check_objective(self, cfg: TrialConfig, prefix: str, where: str) -> None:
+        metric = self.objective.metric
+        every, last = selectable_metrics(cfg)
+        at_end = any(fnmatch.fnmatchcase(metric, pattern) for pattern in last)
+        if metric in every or at_end and cfg.eval.every_steps >= cfg.optim.steps:
+            return
+        if at_end:  # Tune's searcher and scheduler need the metric in every report
+            raise ValueError(
+                f"{prefix}objective.metric: {metric} is reported only after training, but the objective "
+                f"must be in every report (every eval.every_steps {cfg.eval.every_steps} of optim.steps "
+                f"{cfg.optim.steps}); select on one of {', '.join(every)}{where}")
+        raise ValueError(f"{prefix}objective.metric: no {cfg.task.name} trial reports {metric!r}; "
+                         f"it reports {', '.join([*every, *sorted(last)])}{where}")
 
     # --- the plan -------------------------------------------------------------------------
     def cells(self) -> list[Cell]:
@@ -179,8 +291,9 @@ class StudySpec(Strict):
         for path, value in {**cell.factors, **params}.items():
             _set_path(cfg, path, value)
         ds = cfg.setdefault("deepspeed", {})
-        ds.setdefault("zero_stage", self.resources.zero_stage)
-        ds.setdefault("bf16", self.resources.bf16)
+        if isinstance(ds, dict):  # anything else is refused by TrialConfig
+            ds.setdefault("zero_stage", self.resources.zero_stage)
+            ds.setdefault("bf16", self.resources.bf16)
         cfg["seed"] = seed
         return cfg
 
@@ -196,6 +309,39 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _points(params: dict[str, Distribution]):
+    """(point, blame) pairs to validate: the first point (blame None: base and grid), each
+    parameter's other points with the rest at their first (blame: that parameter), then every
+    combination while there are few (blame: the whole search)."""
+    values = {path: dist.points() for path, dist in params.items()}
+    first = {path: v[0] for path, v in values.items()}
+    candidates = [(first, None)]
+    for path, vs in values.items():
+        candidates += [({**first, path: v}, f"search.params.{path}") for v in vs[1:]]
+    if len(values) > 1 and math.prod(map(len, values.values())) <= MAX_POINT_PRODUCT:
+        combos = itertools.product(*values.values())
+        candidates += [(dict(zip(values, combo)), "search.params") for combo in combos]
+    seen = set()
+    for point, blame in candidates:
+        key = json.dumps(point, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            yield point, blame
+
+
+def _get_path(cfg: TrialConfig, path: str) -> Any:
+    """The validated value at a dotted path (None where the path leads into no field)."""
+    node: Any = cfg
+    for part in path.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            node = getattr(node, part, None)
+    return node
+
+
 def _set_path(cfg: dict, path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     node = cfg
@@ -208,11 +354,7 @@ def _set_path(cfg: dict, path: str, value: Any) -> None:
 
 def load_spec(path: str) -> StudySpec:
     """Read and validate a study spec; errors name the field (`describe_errors`)."""
-    with open(path) as f:
-        raw = yaml.safe_load(f)
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: a study spec is a YAML mapping")
-    return StudySpec.model_validate(raw)
+    return StudySpec.model_validate(load_yaml(path, "a study spec"))
 
 
 def flat_params(trial_config: dict) -> dict[str, Any]:

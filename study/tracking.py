@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import time
 
 from mlflow.entities import Metric, Param
@@ -160,7 +161,14 @@ class StudyTracker(Callback):
             self.client.set_terminated(run_id, "FINISHED")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.client.set_terminated(self._child(trial), "FAILED")
+        run_id = self._child(trial)
+        reason = ""
+        if trial.error_file and os.path.exists(trial.error_file):  # written locally before this call
+            with open(trial.error_file) as f:
+                reason = error_reason(f.read())
+        if reason:  # MLflow drops non-finite metrics: the tag is what shows why the run failed
+            self.client.set_tag(run_id, "error", reason[:5000])
+        self.client.set_terminated(run_id, "FAILED")
 
     # --- the study ------------------------------------------------------------------------
     def finish(self, status: str, artifacts: dict[str, str] | None = None) -> None:
@@ -171,6 +179,12 @@ class StudyTracker(Callback):
         for path in (artifacts or {}).values():
             self.client.log_artifact(self.parent_id, path)
         self.client.set_terminated(self.parent_id, status)
+
+
+def error_reason(error) -> str:
+    """The last line of a trial's error (its traceback ends with the exception and its message)."""
+    lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _is_metric(key: str, value) -> bool:

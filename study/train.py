@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -27,6 +28,10 @@ from study.session import LocalSession, Session, setup_distributed
 
 
 CONFIG_FILE = "trial_config.json"
+
+
+class Diverged(FloatingPointError):
+    """The training loss became NaN or infinite: every later step is wasted, so the trial stops."""
 
 
 def load_trained(checkpoint_dir: str):
@@ -78,6 +83,28 @@ def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+
+
+def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
+    """What a study may select on for this trial: (metrics in every report: `validate`; patterns of
+    metrics only in the last one: `summarize` and the loss gap). Metrics that would always be NaN
+    (exact match of language modeling, beyond-train accuracy without a test length beyond it) are
+    left out."""
+    every = ["val_loss", "val_token_acc", "val_exact", "val_answer_acc"]
+    task = cfg.task_obj
+    cells = cfg.grid()
+    last = set()
+    if any(n <= task.train_length and (k is None or k <= task.train_k) for n, k in cells):
+        last |= {"acc_in_dist", "exact_in_dist", "loss_in_dist"}
+    if any(n > task.train_length for n, _ in cells):
+        last |= {"acc_beyond", "exact_beyond", "loss_beyond"}
+    if task.evaluation == "loss":
+        last -= {"exact_in_dist", "exact_beyond"}
+    else:
+        last -= {"loss_in_dist", "loss_beyond"}
+    if cfg.loss_gap is not None:  # study/loss_gap.py gap_metrics names them
+        last.add("loss_gap/*")
+    return every, last
 
 
 def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
@@ -148,6 +175,10 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         ids = training_ids(pos.ids, batch.position_ids, batch.seq_len, pos.max_position,
                            np.random.default_rng([cfg.seed, rank, step, 1]), pos.shift, pos.pose_chunks)
         loss, parts, _ = next_token_loss(engine, model, Tensors.of(batch, ids, device), w)
+        if not math.isfinite(parts["loss"]):  # parts hold floats already: no extra device sync
+            lr = engine.lr_scheduler.get_last_lr()[0]
+            raise Diverged(f"loss: {parts['loss']} at step {step} (rank {rank}, lr {lr:.3g}); "
+                           "the trial stops")
         engine.backward(loss)
         engine.step()
         tokens_seen += int(batch.seq_len.sum())
@@ -207,10 +238,20 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"error: {describe_errors(e)}", file=sys.stderr)
         return 2
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):  # not after training
+        print(f"error: --out: no folder {os.path.dirname(os.path.abspath(args.out))}", file=sys.stderr)
+        return 2
+    if args.out and os.path.isdir(args.out):
+        print(f"error: --out: {args.out} is a folder; give a file name", file=sys.stderr)
+        return 2
     import pandas as pd
 
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
-    result = train_loop_per_worker(cfg)
+    try:
+        result = train_loop_per_worker(cfg)
+    except Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     table = pd.DataFrame(result["records"])
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     shown = ("acc_", "exact_", "val_", "loss_in_dist", "loss_beyond", "loss_gap/")

@@ -9,7 +9,7 @@ import pandas as pd
 
 from study.report import write_report
 from study.spec import StudySpec
-from study.tracking import StudyTracker
+from study.tracking import StudyTracker, error_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,8 +31,9 @@ def start_ray(address: str | None) -> None:
 def run_study(
     spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
     max_concurrent: int | None, resume: bool,
-) -> pd.DataFrame:
-    """Run (or resume) the study; write the report; return the per-cell summary."""
+) -> tuple[pd.DataFrame, list[dict]]:
+    """Run (or resume) the study; write the report; return the per-cell summary and the failed
+    trials ({trial_id, cell, reason})."""
     # one experiment snapshot per checkpoint is what resume needs; don't warn about it
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # snapshot the experiment at every controller step (it is small), so a trial MLflow shows as
@@ -102,12 +103,16 @@ def run_study(
         grid = tuner.fit()
         trials = [
             {"trial_id": res.metrics.get("trial_id") if res.metrics else os.path.basename(res.path),
-             "config": res.config, "metrics": res.metrics, "status": "ERROR" if res.error else "TERMINATED"}
+             "config": res.config, "metrics": res.metrics, "status": "ERROR" if res.error else "TERMINATED",
+             "reason": error_reason(res.error)}
             for res in grid
         ]
         summary, files = write_report(spec, trials, study_dir)
-        tracker.finish("FAILED" if any(t["status"] == "ERROR" for t in trials) else "FINISHED", files)
-        return summary
+        cells = {c.index: c.label for c in spec.cells()}
+        failed = [{"trial_id": t["trial_id"], "cell": cells[t["config"]["cell"]], "reason": t["reason"]}
+                  for t in trials if t["status"] == "ERROR"]
+        tracker.finish("FAILED" if failed else "FINISHED", files)
+        return summary, failed
     except KeyboardInterrupt:
         tracker.finish("KILLED")
         print("interrupted: resume with --resume", file=sys.stderr)

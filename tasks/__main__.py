@@ -42,9 +42,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# One call holds count x (longest sequence) tokens as arrays, then as JSON records (up to ~1 KB per
+# token); far beyond this the machine runs out of memory before a line is printed, so it is refused.
+MAX_SAMPLE_TOKENS = 10**6
+
+
+def check_sample_args(task, args: argparse.Namespace) -> None:
+    """Refuse what would fail later with a traceback or an out-of-memory kill, naming the argument."""
+    if args.seed < 0:
+        raise TaskParamError("seed", f"{args.seed} is negative; seeds are integers >= 0")
+    if args.count < 1:
+        raise TaskParamError("count", f"{args.count} is smaller than 1")
+    if args.k is not None and not task.uses_k:
+        raise TaskParamError("k", f"task {task.name!r} has no k axis")
+    if args.length is not None:
+        task.check(args.length, args.k)
+    length = task.train_length if args.length is None else args.length
+    longest = task.max_seq_len(length, args.k if task.uses_k else None)
+    if longest * args.count > MAX_SAMPLE_TOKENS:
+        if longest <= MAX_SAMPLE_TOKENS:
+            param = "count"
+        else:
+            param = "train_length" if args.length is None else "length"
+        raise TaskParamError(param, f"{args.count} sample(s) of up to {longest} tokens exceed the bound of "
+                                    f"{MAX_SAMPLE_TOKENS} tokens per call (memory)")
+
+
 def run_sample(args: argparse.Namespace) -> None:
     params = dict(parse_param(item) for item in args.param)
     task = get_task(args.task, **params)
+    check_sample_args(task, args)
     batch = task.sample(args.count, np.random.default_rng(args.seed), length=args.length, k=args.k)
     for record in task.to_records(batch):
         print(json.dumps(record))

@@ -1,0 +1,43 @@
+"""A trial whose loss becomes NaN or infinite stops at that step with the step and value, is FAILED
+in Tune and MLflow with that reason, and its study goes on and then exits non-zero listing it."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from study.train import Diverged, train_loop_per_worker
+from test_study import mlflow_runs, run, write_spec
+from test_train import Recorder, config
+
+
+def test_a_diverging_loss_stops_the_trial_at_that_step():
+    rec = Recorder()
+    with pytest.raises(Diverged, match=r"loss: (nan|inf|-inf) at step \d+") as err:
+        train_loop_per_worker(config(optim={"lr": 1e30, "steps": 8, "warmup_steps": 0}), rec)
+    step = int(err.value.args[0].split("at step ")[1].split()[0])
+    assert 1 <= step < 8 and len(rec.reports) < 2  # at that step, not at the end
+
+
+@pytest.mark.slow
+def test_a_study_with_a_diverging_trial_goes_on_and_exits_non_zero(tmp_path):
+    spec = write_spec(tmp_path, **{
+        "name": "diverging", "search": "none", "grid": {"optim.lr": [0.003, 1e30]},
+        "task/params/train_length": 8, "base/optim/steps": 20, "base/optim/warmup_steps": 0,
+        "base/eval/every_steps": 10, "resources/max_failures": 0,
+    })
+    storage = tmp_path / "studies"
+    out = run(["--space", str(spec), "--storage", str(storage)])
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    failed = out.stderr[out.stderr.index("error: 1 trial(s) failed:"):]
+    assert "(cell lr=1e+30)" in failed and "at step" in failed, failed
+    assert "cell lr=1e+30: no trial finished" in failed
+    results = pd.read_csv(storage / "diverging" / "results.csv")
+    assert set(results["optim.lr"]) == {0.003}  # the healthy cell ran to the end
+
+    _, parents, children = mlflow_runs(storage / "mlflow.db", "diverging")
+    assert parents[0].info.status == "FAILED"
+    status = {c.data.tags["cell"]: c for c in children}
+    assert status["lr=0.003"].info.status == "FINISHED"
+    bad = status["lr=1e+30"]
+    assert bad.info.status == "FAILED" and "at step" in bad.data.tags["error"], bad.data.tags

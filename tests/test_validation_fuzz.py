@@ -1,0 +1,419 @@
+"""A fuzzed contract for validation: every mutation of a shipped study spec, trial config or
+`tasks sample` call that cannot train exits 2 naming the field, without a traceback and without
+writing anything under `--storage`; mutations that can train are still accepted.
+
+Cases come from a seeded generator over every file in search_spaces/ and search_spaces/trials/, so
+the corpus grows with the shipped files. Validation only: the CLIs' `main` runs in-process (a
+subprocess costs seconds of imports), plus a few real subprocesses for the exit status as a shell
+sees it. No Ray is started.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from study import run as run_cli
+from study import train as train_cli
+from study.config import load_trial_config
+from study.spec import _flatten  # dotted path -> value of every leaf, as the spec flattens grids
+from tasks import __main__ as tasks_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = sorted((ROOT / "search_spaces").glob("*.yaml"))
+TRIALS = sorted((ROOT / "search_spaces" / "trials").glob("*.yaml"))
+INF, NAN = float("inf"), float("nan")
+NO_K_TASKS = {"copy", "addition", "parity", "lm"}
+
+
+@dataclass
+class Case:
+    """One mutated input: its YAML text, and the text the error must contain (None: accepted)."""
+
+    id: str
+    text: str
+    field: str | None
+    regex: bool = False  # `field` is a pattern (YAML errors: file:line:column)
+
+
+def set_path(d: dict, path: str, value) -> dict:
+    *parents, leaf = path.split(".")
+    for p in parents:
+        d = d.setdefault(p, {})
+    d[leaf] = value
+    return d
+
+
+def dump(d: dict) -> str:
+    return yaml.safe_dump(d, sort_keys=False)
+
+
+# --- study specs -----------------------------------------------------------------------------
+def overridden(spec: dict) -> list[str]:
+    """Paths a grid or search sets in every trial (a base value there is a default never used)."""
+    paths = list(spec.get("grid", {}))
+    for key, values in spec.get("grid", {}).items():
+        for v in values:
+            paths += list(_flatten({key: v}))
+    search = spec.get("search")
+    if isinstance(search, dict):
+        paths += list(search.get("params", {}))
+    return paths
+
+
+def free_base_paths(spec: dict) -> list[str]:
+    taken = overridden(spec)
+    return [p for p in _flatten(spec.get("base", {}))
+            if not any(p == q or p.startswith(q + ".") or q.startswith(p + ".") for q in taken)]
+
+
+def is_free(spec: dict, path: str) -> bool:
+    taken = overridden(spec)
+    return not any(path == q or path.startswith(q + ".") or q.startswith(path + ".") for q in taken)
+
+
+def add_search(spec: dict, path: str, dist: dict) -> dict:
+    if not isinstance(spec.get("search"), dict):
+        spec["search"] = {"trials_per_cell": 2, "params": {}}
+        spec["replicas"] = 1
+    spec["search"]["params"][path] = dist
+    return spec
+
+
+def case_makers(raw: dict, name: str, cases: list[Case]):
+    """(bad, good): each appends a Case of a mutated deep copy of raw; bad names the field expected
+    in the error, good expects the file to be accepted."""
+
+    def bad(cls: str, field_: str, mutate) -> None:
+        mutated = copy.deepcopy(raw)
+        mutate(mutated)
+        cases.append(Case(f"{name}-{cls}", dump(mutated), field_))
+
+    def good(cls: str, mutate) -> None:
+        mutated = copy.deepcopy(raw)
+        mutate(mutated)
+        cases.append(Case(f"{name}-ok-{cls}", dump(mutated), None))
+
+    return bad, good
+
+
+def base_value(spec: dict, path: str, default):
+    return _flatten(spec.get("base", {})).get(path, default)
+
+
+def study_cases(path: Path, rng: random.Random) -> list[Case]:
+    raw = yaml.safe_load(path.read_text())
+    name = path.stem
+    task = raw["task"]["name"]
+    cases: list[Case] = []
+    bad, good = case_makers(raw, name, cases)
+
+    numeric = [p for p in free_base_paths(raw)
+               if isinstance(base_value(raw, p, None), (int, float)) and not isinstance(base_value(raw, p, None), bool)]
+    p = rng.choice(numeric)
+    bad("base-non-finite", f"base.{p}", lambda s: set_path(s["base"], p, rng.choice([INF, -INF, NAN])))
+    bad("grid-non-finite", "grid.optim.weight_decay",
+        lambda s: s.setdefault("grid", {}).update({"optim.weight_decay": [0.0, rng.choice([INF, NAN])]}))
+    bad("seed-negative", "seed", lambda s: s.update(seed=-rng.randint(1, 10**6)))
+    bad("seed-huge", "seed", lambda s: s.update(seed=rng.choice([2**32, 2**70, 10**30])))
+    bad("search-seed", "search.seed", lambda s: add_search(s, "model.dropout", {"choice": [0.0]})["search"].update(
+        seed=rng.choice([-1, 2**40])))
+    steps = base_value(raw, "optim.steps", 1000)
+    for p, value in [
+        ("optim.betas", rng.choice([[1.5, 2.0], [-0.1, 0.9], [0.9, 1.0]])),
+        ("model.d_ff", rng.choice([0, -5])),
+        ("model.dropout", rng.choice([1.0, 1.5, -0.1])),
+        ("optim.lr", rng.choice([0, -1e-3])),
+        ("optim.weight_decay", -rng.random()),
+        ("positional.max_position", rng.choice([10**10, 2**21])),
+        ("model.d_model", rng.choice([2**17, 10**9])),
+        ("model.n_layers", rng.choice([10**6, 0])),
+    ]:
+        if is_free(raw, p):
+            bad(f"base-{p}", p, lambda s, p=p, value=value: set_path(s.setdefault("base", {}), p, value))
+    if is_free(raw, "optim.warmup_steps") and is_free(raw, "optim.steps"):
+        bad("warmup-beyond-steps", "optim.warmup_steps",
+            lambda s: set_path(s["base"], "optim.warmup_steps", steps + rng.randint(1, 10**4)))
+    if is_free(raw, "model.d_model") and is_free(raw, "model.n_layers"):
+        heads = base_value(raw, "model.n_heads", 4)
+        bad("model-too-big", "model.d_model", lambda s: (
+            set_path(s["base"], "model.d_model", 2048 * heads), set_path(s["base"], "model.n_layers", 1000)))
+    # a search, checked at every point it can produce
+    bad("search-choice-dropout", "model.dropout",
+        lambda s: add_search(s, "model.dropout", {"choice": [0.0, rng.choice([1.0, 1.5, 7])]}))
+    bad("search-uniform-dropout", "model.dropout",
+        lambda s: add_search(s, "model.dropout", {"uniform": [0.0, rng.choice([1.0, 1.5])]}))
+    bad("search-uniform-int-field", "search.params.model.n_layers",
+        lambda s: add_search(s, "model.n_layers", {rng.choice(["uniform", "loguniform"]): [1, 3]}))
+    bad("search-uniform-bool-field", "search.params.positional.shift",
+        lambda s: add_search(s, "positional.shift", {"uniform": [0, 1]}))
+    bad("search-choice-empty", "search.params.optim.grad_clip",
+        lambda s: add_search(s, "optim.grad_clip", {"choice": []}))
+    bad("search-infinite-bound", "search.params.optim.grad_clip",
+        lambda s: add_search(s, "optim.grad_clip", {"loguniform": [0.1, INF]}))
+    bad("search-choice-nan", "search.params.optim.grad_clip",
+        lambda s: add_search(s, "optim.grad_clip", {"choice": [1.0, NAN]}))
+    bad("search-int-warmup", "optim.warmup_steps",
+        lambda s: add_search(s, "optim.warmup_steps", {"int": [1, steps + rng.randint(1, 1000)]}))
+    bad("search-choice-betas", "optim.betas",
+        lambda s: add_search(s, "optim.betas", {"choice": [[0.9, 0.98], [0.9, rng.choice([1.0, 3.0])]]}))
+    d_model = base_value(raw, "model.d_model", 128)
+    if is_free(raw, "model.n_heads"):
+        bad("search-choice-heads", "model.n_heads",
+            lambda s: add_search(s, "model.n_heads", {"choice": [1, next(h for h in range(3, 99) if d_model % h)]}))
+    if is_free(raw, "positional.encoding"):
+        bad("search-choice-encoding", "positional.encoding",
+            lambda s: add_search(s, "positional.encoding", {"choice": ["learned", "bogus"]}))
+    grid_key = rng.choice(list(raw["grid"]))
+    bad("grid-and-search", grid_key,
+        lambda s: add_search(s, grid_key + rng.choice(["", ".sub"]), {"choice": [1]}))
+    bad("grid-duplicate", f"grid.{grid_key}", lambda s: s["grid"][grid_key].append(rng.choice(s["grid"][grid_key])))
+    bad("grid-seed", "grid.seed", lambda s: s["grid"].update(seed=[0, 1]))
+    bad("search-seed-param", "search.params.seed", lambda s: add_search(s, "seed", {"int": [0, 9]}))
+    bad("grid-deepspeed", "grid.deepspeed.zero_stage", lambda s: s["grid"].update({"deepspeed.zero_stage": [0, 3]}))
+    # one setting, two places
+    res = raw.get("resources", {})
+    bad("base-deepspeed-zero", "base.deepspeed.zero_stage",
+        lambda s: s["base"].update(deepspeed={"zero_stage": (res.get("zero_stage", 0) + rng.randint(1, 3)) % 4}))
+    bad("base-deepspeed-bf16", "base.deepspeed.bf16",
+        lambda s: s["base"].update(deepspeed={"bf16": not res.get("bf16", False)}))
+    bad("base-seed", "base.seed", lambda s: s["base"].update(seed=rng.randint(0, 9)))
+    bad("base-task", "base.task", lambda s: s["base"].update(task={"name": task}))
+    # resources
+    bad("gpus-fraction", "resources.gpus_per_worker",
+        lambda s: s.setdefault("resources", {}).update(gpus_per_worker=rng.choice([1.5, 2.25])))
+    bad("cpus-zero", "resources.cpus_per_worker",
+        lambda s: s.setdefault("resources", {}).update(cpus_per_worker=rng.choice([0, -1, 0.00001])))
+    batch = base_value(raw, "optim.batch_size", 64)
+    bad("batch-split", "optim.batch_size", lambda s: s.setdefault("resources", {}).update(
+        workers_per_trial=next(w for w in (3, 5, 7, 11, 13) if batch % w)))
+    # names that are not a folder inside --storage
+    bad("name", "name", lambda s: s.update(name=rng.choice([".", "..", "a" * 101, "a/b", "", "x y", "../up"])))
+    # objective
+    typo = rng.choice(["val_exactt", "accuracy", "val_exac", "VAL_EXACT", "loss_gap"])
+    bad("metric-typo", "objective.metric", lambda s: s.update(objective={"metric": typo, "mode": "max"}))
+    final = "loss_in_dist" if task == "lm" else "acc_in_dist"
+    bad("metric-only-at-end", "objective.metric", lambda s: s.update(objective={"metric": final, "mode": "max"}))
+    if task == "lm":
+        bad("metric-nan-for-lm", "objective.metric",
+            lambda s: (s.update(objective={"metric": "exact_in_dist", "mode": "max"}),
+                       set_path(s["base"], "eval.every_steps", steps)))
+    # eval.ks
+    bad("ks-empty", "eval.ks", lambda s: set_path(s["base"], "eval.ks", []))
+    if task in NO_K_TASKS:
+        bad("ks-without-k-axis", "eval.ks", lambda s: set_path(s["base"], "eval.ks", [1]))
+    else:
+        bad("ks-beyond-length", "eval.ks", lambda s: set_path(s["base"], "eval.ks", [1, 10**4]))
+
+    # accepted: the platform must not refuse what can train
+    good("cpus-fraction", lambda s: s.setdefault("resources", {}).update(cpus_per_worker=rng.choice([0.5, 1.5])))
+    good("deepspeed-agrees", lambda s: s["base"].update(
+        deepspeed={"zero_stage": res.get("zero_stage", 0), "bf16": res.get("bf16", False)}))
+    good("search-dropout", lambda s: add_search(s, "model.dropout", {"uniform": [0.0, 0.2]}))
+    good("search-int-warmup", lambda s: add_search(s, "optim.warmup_steps", {"int": [0, min(20, steps)]}))
+    good("name", lambda s: s.update(name="".join(rng.choice("abcXYZ019-_.") for _ in range(100)).strip(".") or "x"))
+    good("betas", lambda s: set_path(s["base"], "optim.betas", [0.0, 0.999]))
+    if is_free(raw, "model.n_heads"):
+        good("search-heads", lambda s: add_search(s, "model.n_heads", {"choice": [h for h in (1, 2, 4) if d_model % h == 0]}))
+    good("metric-at-end-single-report", lambda s: (
+        s.update(objective={"metric": final, "mode": "max"}), set_path(s["base"], "eval.every_steps", steps)))
+    return cases + yaml_cases(name, path.read_text(), rng)
+
+
+# --- YAML itself -------------------------------------------------------------------------------
+def yaml_cases(name: str, text: str, rng: random.Random) -> list[Case]:
+    where = r"\.yaml:\d+:\d+: "
+    broken = rng.choice(["oops: [1, 2\n", "oops: {a: 1\n", "oops: 'open\n", "oops: a: b\n", "\t- tab\n", "@x\n"])
+    cases = [
+        Case(f"{name}-yaml-malformed", text + broken, where, regex=True),
+        Case(f"{name}-yaml-two-documents", text + "---\n" + text, where, regex=True),
+        Case(f"{name}-yaml-deep", text + "deep: " + "[" * (n := rng.randint(60, 20000)) + "]" * n + "\n",
+             where + r"deep\.0\.0.*nested deeper", regex=True),
+    ]
+    data = yaml.safe_load(text)
+    key = rng.choice(list(data))
+    cases.append(Case(f"{name}-yaml-duplicate-top", text + f"{key}: null\n", where + re.escape(f"{key}: duplicate key"),
+                      regex=True))
+    lines = dump(data).splitlines(keepends=True)
+    nested = [(i, line) for i, line in enumerate(lines) if re.match(r"  [A-Za-z_]\w*: \S", line)]
+    i, line = rng.choice(nested)
+    parent = next(lines[j].split(":")[0] for j in range(i, -1, -1) if not lines[j].startswith(" "))
+    nested_key = line.strip().split(":")[0]
+    cases.append(Case(f"{name}-yaml-duplicate-nested", "".join(lines[:i + 1] + [line] + lines[i + 1:]),
+                      where + re.escape(f"{parent}.{nested_key}: duplicate key"), regex=True))
+    return cases
+
+
+# --- trial configs -------------------------------------------------------------------------------
+def trial_cases(path: Path, rng: random.Random) -> list[Case]:
+    raw = yaml.safe_load(path.read_text())
+    name = f"trials-{path.stem}"
+    task = raw["task"]["name"]
+    cases: list[Case] = []
+    bad, good = case_makers(raw, name, cases)
+
+    numeric = [p for p, v in _flatten(raw).items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    p = rng.choice(numeric)
+    bad("non-finite", p, lambda c: set_path(c, p, rng.choice([INF, -INF, NAN])))
+    steps = raw["optim"]["steps"]
+    for p, value in [
+        ("seed", rng.choice([-1, 2**32, 2**70])),
+        ("optim.betas", rng.choice([[1.5, 2.0], [0.9, 1.0], [-0.5, 0.9]])),
+        ("model.d_ff", rng.choice([0, -5])),
+        ("model.dropout", rng.choice([1.0, 1.5])),
+        ("optim.warmup_steps", steps + rng.randint(1, 1000)),
+        ("positional.max_position", rng.choice([10**10, 2**21])),
+        ("model.d_model", 2**17),
+        ("deepspeed.zero_stage", rng.choice([4, -1])),
+        ("eval.ks", []),
+    ]:
+        bad(p, p, lambda c, p=p, value=value: set_path(c, p, value))
+    bad("model-too-big", "model.n_layers", lambda c: c["model"].update(
+        d_model=2048 * c["model"].get("n_heads", 4), n_layers=1000))
+    if task in NO_K_TASKS:
+        bad("ks-without-k-axis", "eval.ks", lambda c: set_path(c, "eval.ks", [1, 2]))
+    good("betas", lambda c: set_path(c, "optim.betas", [0.0, 0.999]))
+    good("seed-max", lambda c: c.update(seed=2**32 - 1))
+    good("warmup-equals-steps", lambda c: set_path(c, "optim.warmup_steps", steps))
+    return cases + yaml_cases(name, path.read_text(), rng)
+
+
+# --- tasks sample ----------------------------------------------------------------------------
+def sample_cases(rng: random.Random) -> list[tuple[str, list[str], str | None]]:
+    from tasks import TASKS
+
+    cases = []
+    for name in sorted(TASKS):
+        if name == "lm":
+            continue  # loads a corpus; its CLI is tested in test_lm_task.py
+        cases += [
+            (f"{name}-seed", [name, "--seed", str(-rng.randint(1, 10**9))], "seed"),
+            (f"{name}-length", [name, "--length", str(rng.choice([10**7, 10**10, 2**62]))], "length"),
+            (f"{name}-count", [name, "--length", "8", "--count", str(rng.choice([10**6, 10**9]))], "count"),
+            (f"{name}-count-zero", [name, "--count", str(rng.choice([0, -3]))], "count"),
+            (f"{name}-train-length", [name, "--param", f"train_length={10**8}"], "train_length"),
+        ]
+        if name in NO_K_TASKS:
+            cases.append((f"{name}-k", [name, "--length", "8", "--k", str(rng.randint(1, 8))], "k"))
+            cases.append((f"{name}-ok", [name, "--length", "6", "--count", "3", "--seed", "5"], None))
+        else:
+            cases.append((f"{name}-k-beyond", [name, "--length", "4", "--k", str(rng.randint(5, 9))], "k"))
+            cases.append((f"{name}-ok", [name, "--length", "6", "--k", "2", "--count", "3", "--seed", "5"], None))
+    return cases
+
+
+RNG = random.Random(20240613)
+STUDY_CASES = [c for spec in SPECS for c in study_cases(spec, RNG)]
+TRIAL_CASES = [c for trial in TRIALS for c in trial_cases(trial, RNG)]
+SAMPLE_CASES = sample_cases(RNG)
+
+
+def test_the_corpus_is_large():
+    bad = [c for c in STUDY_CASES + TRIAL_CASES if c.field] + [c for c in SAMPLE_CASES if c[2]]
+    assert len(bad) >= 200 and len(SPECS) >= 5 and len(TRIALS) >= 3
+
+
+def check_message(case: Case, err: str) -> None:
+    assert err.startswith("error: ") and "Traceback" not in err, err
+    assert (re.search(case.field, err) if case.regex else case.field in err), (case.field, err)
+
+
+@pytest.mark.parametrize("case", STUDY_CASES, ids=lambda c: c.id)
+def test_study_spec_mutation(case: Case, tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(case.text)
+    storage = tmp_path / "storage"
+    code = run_cli.main(["--space", str(spec), "--storage", str(storage), "--dry-run"])
+    out, err = capsys.readouterr()
+    if case.field is None:
+        assert code == 0, err
+        assert "cell 0:" in out
+    else:
+        assert code == 2, f"accepted:\n{case.text}\n{out}"
+        check_message(case, err)
+    assert not storage.exists()
+
+
+@pytest.mark.parametrize("case", TRIAL_CASES, ids=lambda c: c.id)
+def test_trial_config_mutation(case: Case, tmp_path, capsys):
+    trial = tmp_path / "trial.yaml"
+    trial.write_text(case.text)
+    if case.field is None:
+        load_trial_config(str(trial))
+        return
+    # --out into a missing folder: should the config be accepted, the run still stops before training
+    code = train_cli.main([str(trial), "--out", str(tmp_path / "missing" / "eval.csv")])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert "--out" not in err, f"accepted:\n{case.text}"
+    check_message(case, err)
+
+
+@pytest.mark.parametrize("case", SAMPLE_CASES, ids=lambda c: c[0])
+def test_tasks_sample_mutation(case, capsys):
+    _, argv, param = case
+    code = tasks_cli.main(["sample", *argv])
+    out, err = capsys.readouterr()
+    if param is None:
+        assert code == 0 and len(out.splitlines()) == 3, err
+    else:
+        assert code == 2 and err.startswith(f"error: {param}: "), err
+
+
+def test_a_search_is_checked_at_every_combination_of_its_points(tmp_path, capsys):
+    """Each value is fine with the others' first values; 48 model dims and 32 heads together are not."""
+    spec = yaml.safe_load((ROOT / "search_spaces" / "smoke.yaml").read_text())
+    spec["search"]["params"].update({"model.d_model": {"choice": [64, 48]}, "model.n_heads": {"choice": [4, 32]}})
+    path = tmp_path / "spec.yaml"
+    path.write_text(dump(spec))
+    assert run_cli.main(["--space", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "search.params: at {" in err and "'model.d_model': 48" in err and "model.n_heads: 32" in err, err
+
+
+def test_out_into_a_missing_folder_is_refused_before_training(tmp_path, capsys):
+    trial = str(ROOT / "search_spaces" / "trials" / "sparse_parity.yaml")
+    assert train_cli.main([trial, "--steps", "60", "--out", str(tmp_path / "missing" / "eval.csv")]) == 2
+    assert capsys.readouterr().err.startswith("error: --out: no folder")
+
+
+def test_int_search_distribution_is_usable():
+    """The documented `int: [low, high]` (a field named `int` once shadowed the builtin)."""
+    from study.spec import Distribution
+
+    assert Distribution.model_validate({"int": [5, 20]}).points() == [5, 20]
+
+
+# --- a few as a shell sees them: exit status 2, no traceback, nothing under --storage -----------
+def test_real_processes_exit_2_without_a_traceback(tmp_path):
+    smoke = yaml.safe_load((ROOT / "search_spaces" / "smoke.yaml").read_text())
+    storage = tmp_path / "storage"
+    bad_spec = tmp_path / "dup.yaml"
+    bad_spec.write_text(dump(smoke) + "name: other\n")
+    negative = tmp_path / "neg.yaml"
+    negative.write_text(dump({**smoke, "seed": -1}))
+    deep = tmp_path / "deep.yaml"
+    deep.write_text((ROOT / "search_spaces" / "trials" / "sparse_parity.yaml").read_text() + "x: " + "[" * 10**4 + "]" * 10**4)
+    huge = tmp_path / "huge.yaml"  # valid, but the local Ray could never start a trial
+    huge.write_text(dump({**smoke, "resources": {**smoke["resources"], "cpus_per_worker": 4096}}))
+    runs = [
+        ([str(ROOT / "study" / "run.py"), "--space", str(bad_spec), "--storage", str(storage)], "dup.yaml:"),
+        ([str(ROOT / "study" / "run.py"), "--space", str(negative), "--storage", str(storage)], "seed"),
+        ([str(ROOT / "study" / "run.py"), "--space", str(huge), "--storage", str(storage)],
+         "resources.cpus_per_worker"),
+        (["-m", "study.train", str(deep)], "deep.yaml:"),
+        (["-m", "tasks", "sample", "copy", "--length", str(10**12)], "length"),
+    ]
+    for args, named in runs:
+        out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, (args, out.stdout[-2000:], out.stderr[-2000:])
+        assert named in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not storage.exists()
