@@ -254,6 +254,29 @@ class TrialConfig(Strict):
         return self
 
 
+def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
+    """What a study may select on for this trial: (metrics in every report, from study/train.py's
+    `validate`; patterns of metrics only in the last report, from its `summarize` and the loss gap).
+    Metrics that would always be NaN (exact match of language modeling, beyond-train accuracy
+    without a test length beyond it) are left out. Kept beside the config so that validating a spec
+    does not import the training loop."""
+    every = ["val_loss", "val_token_acc", "val_exact", "val_answer_acc"]
+    task = cfg.task_obj
+    cells = cfg.grid()
+    last = set()
+    if any(n <= task.train_length and (k is None or k <= task.train_k) for n, k in cells):
+        last |= {"acc_in_dist", "exact_in_dist", "loss_in_dist"}
+    if any(n > task.train_length for n, _ in cells):
+        last |= {"acc_beyond", "exact_beyond", "loss_beyond"}
+    if task.evaluation == "loss":
+        last -= {"exact_in_dist", "exact_beyond"}
+    else:
+        last -= {"loss_in_dist", "loss_beyond"}
+    if cfg.loss_gap is not None:  # study/loss_gap.py gap_metrics names them
+        last.add("loss_gap/*")
+    return every, last
+
+
 class InputFileError(ValueError):
     """A file that is not one YAML mapping; the message starts with `file:line:column:`."""
 

@@ -28,8 +28,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from study.config import (
-    MAX_SEED, Strict, TaskSpec, TrialConfig, describe_errors, load_yaml, refuse_non_finite)
-from study.train import selectable_metrics
+    MAX_SEED, Strict, TaskSpec, TrialConfig, describe_errors, load_yaml, refuse_non_finite,
+    selectable_metrics)
 
 EXTRAPOLATION_METRICS = ("acc_beyond", "exact_beyond")
 KINDS = ("loguniform", "uniform", "int", "choice")
