@@ -1,9 +1,12 @@
 """Run a study: `python study/run.py [--space FILE] [--storage DIR] [--mlflow-uri URI] [--resume] [--dry-run]`.
 
-On a laptop it starts an embedded local Ray and records to `sqlite:///<storage>/mlflow.db`; under
-`ray job submit --working-dir . -- python study/run.py ...` it joins the job's cluster. The whole
-study is one Tune experiment (`<storage>/<study name>/tune`), so `--resume` continues it: finished
-trials are not rerun, searches and schedulers are restored, MLflow runs are reused.
+On a laptop it starts an embedded local Ray of its own (never another Ray running on the machine;
+everything it starts listens on 127.0.0.1 only) and records to `sqlite:///<storage>/mlflow.db`;
+with `--address` or RAY_ADDRESS (set by `ray job submit --working-dir . -- python study/run.py ...`)
+it joins that cluster. The whole study is one Tune experiment (`<storage>/<study name>/tune`), so
+`--resume` continues it: finished trials are not rerun, searches and schedulers are restored,
+MLflow runs are reused. Ctrl-C stops the trials, marks the study's MLflow run KILLED, writes no
+results and exits 130; `--resume` continues from there.
 """
 
 from __future__ import annotations
@@ -20,6 +23,20 @@ if str(ROOT) not in sys.path:  # `python study/run.py` from a checkout that is n
 from study.spec import StudySpec, load_spec  # noqa: E402
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+
+# Local means local: everything the embedded study starts listens on 127.0.0.1. Ray 2.60 binds each
+# listener of a node (GCS, raylet, object manager, core workers, dashboard agent, runtime-env agent,
+# metrics servers) to the node's IP, and to 127.0.0.1 only when that IP is loopback;
+# `ray.init(_node_ip_address="127.0.0.1")` is turned back into the LAN IP. This switch
+# (ray_constants.ENABLE_RAY_CLUSTER, off by default on macOS and Windows: a local-only Ray) makes it
+# loopback; Ray reads it when imported and every Ray process inherits it, so it is set before ray is
+# imported, for the embedded Ray only. Process groups: study/session.py (the one-rank group) and
+# start_ray in study/tuning.py (gloo and NCCL of N-worker trials on the loopback interface). Not
+# bindable through Ray or torch: the TCPStore of an N-worker Ray Train trial (rank 0's torch c10d
+# store listens on every interface whatever MASTER_ADDR says, and TorchConfig offers only env:// and
+# tcp:// rendezvous, no store or listening socket of our own).
+LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def parse_args(argv):
@@ -149,12 +166,24 @@ def main(argv=None) -> int:
     if args.resume and not os.path.exists(tune_dir):
         print(f"error: --resume: no study {spec.name!r} in {study_dir}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if not address:
+        from study.session import StaleBuildLock, check_build_locks
+
+        try:  # the trials would hang on it (on a cluster each trial checks its own node)
+            check_build_locks()
+        except StaleBuildLock as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
     from study.tuning import run_study
 
     os.makedirs(study_dir, exist_ok=True)
     tracking_uri = args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
     print("\n".join(plan_lines(spec, concurrency)), flush=True)
-    summary, failed = run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume)
+    try:
+        summary, failed = run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume)
+    except KeyboardInterrupt:  # the study's MLflow run is KILLED and nothing was reported
+        return EXIT_INTERRUPTED
     import pandas as pd
 
     with pd.option_context("display.width", 200, "display.max_columns", 20):
@@ -172,4 +201,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before the study started: nothing to record
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

@@ -50,10 +50,30 @@ class LocalSession:
         yield None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def loopback_interface() -> str | None:
+    """The network interface holding 127.0.0.1 (`lo` on Linux, `lo0` on macOS): gloo listens on the
+    interface GLOO_SOCKET_IFNAME names, else on whatever the hostname resolves to (often the LAN)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addrs):
+            return name
+    return None
+
+
+@contextmanager
+def _env(**values: str | None) -> Iterator[None]:
+    """Set environment variables for the duration (None: leave as is)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update({k: v for k, v in values.items() if v is not None})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def setup_distributed() -> tuple[int, int, torch.device]:
@@ -63,21 +83,84 @@ def setup_distributed() -> tuple[int, int, torch.device]:
     """
     import deepspeed
 
+    check_build_locks()  # DeepSpeed JIT-loads its comm op next; a stale lock would hang it forever
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if dist.is_initialized() or "RANK" in os.environ:  # Ray Train / a launcher set up the group
-        deepspeed.init_distributed(dist_backend=backend)
-    else:  # a private one-rank group on a free port; only LOCAL_RANK (DeepSpeed asks) goes to env
+    if not (dist.is_initialized() or "RANK" in os.environ):
+        # a private one-rank group nothing on the network can reach: an in-memory store (a TCPStore
+        # listens on every interface, whatever host it is given), gloo and NCCL's bootstrap on the
+        # loopback interface. NCCL reads its variable at its lazy init, so it stays set (this
+        # process has no other group); LOCAL_RANK too: DeepSpeed asks for it.
         os.environ.setdefault("LOCAL_RANK", "0")
-        deepspeed.init_distributed(
-            dist_backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
-            auto_mpi_discovery=False,
-        )
+        if backend == "nccl" and loopback_interface():
+            os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface()
+        with _env(GLOO_SOCKET_IFNAME=loopback_interface()):
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend=backend)  # wraps the group Ray Train or we made
     rank, world = dist.get_rank(), dist.get_world_size()
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return rank, world, torch.device("cuda", local)
     return rank, world, torch.device("cpu")
+
+
+class StaleBuildLock(RuntimeError):
+    """A torch extension build lock that nothing holds: every later build or load of that extension
+    (DeepSpeed JIT-builds its CPU ops) waits on it forever, silently."""
+
+
+def extension_locks() -> list[str]:
+    """The `lock` files of torch's JIT extension builds: TORCH_EXTENSIONS_DIR/<name>/lock, else
+    <cache>/torch_extensions/<python>_<accelerator>/<name>/lock (torch.utils.cpp_extension)."""
+    import glob
+
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    pattern = (os.path.join(root, "*", "lock") if root
+               else os.path.join(get_default_build_root(), "*", "*", "lock"))
+    return sorted(glob.glob(pattern))
+
+
+def _held_open(path: str) -> bool:
+    """Whether a process on this machine that we may inspect has `path` open (torch's FileBaton
+    keeps the lock file open from creating it until it deletes it)."""
+    import psutil
+
+    real = os.path.realpath(path)
+    for proc in psutil.process_iter():
+        try:
+            if any(f.path == real for f in proc.open_files()):
+                return True
+        except psutil.Error:  # gone, or another user's process
+            continue
+    return False
+
+
+def check_build_locks(recheck_s: float = 1.0) -> None:
+    """Fail at once, naming the file, if a torch extension build lock is stale: nothing on this
+    machine holds it open and it is still there `recheck_s` later (a holder closes the file an
+    instant before deleting it). A lock that a running build holds is left alone."""
+    stale = []
+    for path in extension_locks():
+        if _held_open(path):
+            continue
+        try:
+            before = os.stat(path)
+            time.sleep(recheck_s)
+            after = os.stat(path)
+        except FileNotFoundError:  # released meanwhile
+            continue
+        if (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns) and not _held_open(path):
+            stale.append((path, time.time() - after.st_mtime))
+    if stale:
+        files = ", ".join(f"{p} (last touched {age / 60:.0f} min ago)" for p, age in stale)
+        raise StaleBuildLock(
+            f"stale torch extension build lock {files}: a build was killed before it released the "
+            "lock, and every DeepSpeed start would wait on it forever. No process on this machine "
+            "holds it; unless another user's or machine's build shares this directory, delete it "
+            f"(rm {' '.join(p for p, _ in stale)}) and run again."
+        )
 
 
 class FolderSession:

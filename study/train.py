@@ -24,7 +24,7 @@ import torch
 from models import generation_modes, training_ids
 from study.config import TrialConfig, describe_errors, load_trial_config
 from study.evaluate import Tensors, evaluate_grid, next_token_loss, validate
-from study.session import LocalSession, Session, setup_distributed
+from study.session import LocalSession, Session, StaleBuildLock, setup_distributed
 
 
 CONFIG_FILE = "trial_config.json"
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     try:
         result = train_loop_per_worker(cfg)
-    except Diverged as e:
+    except (Diverged, StaleBuildLock) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     table = pd.DataFrame(result["records"])

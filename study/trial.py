@@ -74,6 +74,8 @@ def run_trial(config: dict) -> None:
             use_gpu=res["gpus_per_worker"] > 0,
             resources_per_worker={"CPU": res["cpus_per_worker"], "GPU": res["gpus_per_worker"]},
         ),
+        # rank 0's TCPStore listens on every interface, even on the embedded Ray (LOCAL_ONLY_ENV,
+        # study/run.py)
         torch_config=TorchConfig(backend="nccl" if res["gpus_per_worker"] > 0 else "gloo"),
         run_config=RunConfig(
             name=f"train-{context.get_trial_id()}",

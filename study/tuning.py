@@ -15,6 +15,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def start_ray(address: str | None) -> None:
+    """Join the cluster at `address`, or start a Ray of our own that only 127.0.0.1 can reach.
+
+    `ray.init()` without an address would attach to the last `ray start` cluster on this machine
+    (its address file in Ray's temp dir): "local" always starts a new one.
+    """
     import ray
 
     if ray.is_initialized():
@@ -22,10 +27,23 @@ def start_ray(address: str | None) -> None:
     quiet = dict(logging_level="WARNING", log_to_driver=False, configure_logging=True)
     if address:
         ray.init(address=address, **quiet)
-    else:
-        # embedded local Ray; workers import the project from this checkout even if not installed
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-        ray.init(runtime_env={"env_vars": env}, include_dashboard=True, **quiet)
+        print(f"ray: cluster at {address}", flush=True)
+        return
+    from study.session import loopback_interface
+
+    # workers import the project from this checkout even if not installed
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    if loopback_interface():  # N-worker trials: Ray Train's gloo groups (NCCL's bootstrap) on loopback
+        env.update(GLOO_SOCKET_IFNAME=loopback_interface(), NCCL_SOCKET_IFNAME=loopback_interface())
+    info = ray.init(address="local", runtime_env={"env_vars": env}, include_dashboard=True,
+                    dashboard_host="127.0.0.1", **quiet)
+    ip = info.address_info["node_ip_address"]
+    if ip != "127.0.0.1":  # see LOCAL_ONLY_ENV in study/run.py
+        ray.shutdown()
+        raise RuntimeError(f"the embedded Ray is on {ip}, reachable from the network, not on 127.0.0.1: "
+                           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 must be set before ray is imported")
+    print(f"ray: embedded local Ray on 127.0.0.1, GCS {info.address_info['gcs_address']}, "
+          f"session {info.address_info['session_dir']}", flush=True)
 
 
 def run_study(
@@ -101,6 +119,11 @@ def run_study(
             callbacks = tuner._local_tuner.get_run_config().callbacks
             callbacks[:] = [tracker if isinstance(c, StudyTracker) else c for c in callbacks]
         grid = tuner.fit()
+        # on Ctrl-C Tune stops the trials, saves the experiment and returns: what it returns then
+        # holds trials that did not end (or fewer than planned); they must not read as a result
+        planned = len(spec.cells()) * spec.trials_per_cell
+        if len(grid) < planned or grid.num_terminated + grid.num_errors < len(grid):
+            raise KeyboardInterrupt
         trials = [
             {"trial_id": res.metrics.get("trial_id") if res.metrics else os.path.basename(res.path),
              "config": res.config, "metrics": res.metrics, "status": "ERROR" if res.error else "TERMINATED",
@@ -113,9 +136,10 @@ def run_study(
                   for t in trials if t["status"] == "ERROR"]
         tracker.finish("FAILED" if failed else "FINISHED", files)
         return summary, failed
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SystemExit: SIGTERM (ray.init's handler)
         tracker.finish("KILLED")
-        print("interrupted: resume with --resume", file=sys.stderr)
+        print(f"interrupted: no results written; continue with --resume (study {study_dir})",
+              file=sys.stderr)
         raise
     except BaseException:
         tracker.finish("FAILED")

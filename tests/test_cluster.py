@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_study import (BIN, ENV, ROOT, SMOKE, copy_checkout, free_port, mlflow_runs, stop_ray_started_here,
-                        wait_for_job_api)
+from test_study import (BIN, ENV, ROOT, SMOKE, copy_checkout, head_ports, mlflow_runs, start_head,
+                        stop_ray_started_here, wait_for_job_api)
 
 pytestmark = pytest.mark.slow
 
@@ -265,29 +265,25 @@ def test_local_autoscaling_rehearsal(tmp_path):
     (work / "search_spaces" / "smoke_gpu.yaml").write_text(yaml.safe_dump(spec))
 
     ray_tmp = tempfile.mkdtemp(prefix="rayf", dir="/tmp")  # short: Ray's socket paths are limited
-    port, dash, agent, client = free_port(), free_port(), free_port(), free_port()
+    ports = head_ports()
     import ray._private.services
 
     # the fake provider starts worker raylets against provider.gcs_address (default <ip>:6379)
-    local["provider"]["gcs_address"] = f"{ray._private.services.get_node_ip_address()}:{port}"
+    local["provider"]["gcs_address"] = f"{ray._private.services.get_node_ip_address()}:{ports['port']}"
     config = Path(ray_tmp) / "local.yaml"
     config.write_text(yaml.safe_dump(local))
     env = {**ENV, "PYTHONPATH": "", "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-           "RAY_AUTH_MODE": "token"}  # token auth: the head makes ~/.ray/auth_token if missing
-    head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--autoscaling-config={config}",
-         f"--port={port}", f"--num-cpus={head_type['resources']['CPU']}", "--num-gpus=0",
-         f"--labels={LABEL}={HEAD}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-         f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
-         f"--temp-dir={ray_tmp}"],
-        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+           "RAY_AUTH_MODE": "token"}  # token auth: ENV's RAY_AUTH_TOKEN
+    head = start_head(env, tmp_path, ray_tmp, f"--autoscaling-config={config}",
+                      f"--num-cpus={head_type['resources']['CPU']}", "--num-gpus=0",
+                      f"--labels={LABEL}={HEAD}", ports=ports)
+    dash = ports["dashboard-port"]
     storage, db = tmp_path / "studies", tmp_path / "ml.db"
     timings = {}
     try:
         t0 = time.time()
-        ray_cli = [str(BIN / "ray"), "job", "submit", f"--address=http://127.0.0.1:{dash}"]
-        wait_for_job_api(ray_cli, tmp_path, env)
+        ray_cli = [str(BIN / "ray"), "job", "submit", f"--address={head.dashboard}"]
+        wait_for_job_api(ray_cli, tmp_path, env, head)
         before = cluster_nodes(dash, env)
         assert [n["labels"].get(LABEL) for n in before if n["state"] == "ALIVE"] == [HEAD]
         assert not any(n["resources"].get("GPU") for n in before), "the head has no GPU"

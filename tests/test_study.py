@@ -6,8 +6,10 @@ MLflow are the real ones; nothing is mocked.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -18,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -28,16 +31,65 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = [sys.executable, str(ROOT / "study" / "run.py")]
 BIN = Path(sys.executable).parent
 SMOKE = yaml.safe_load((ROOT / "search_spaces" / "smoke.yaml").read_text())
-ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
-ENV.pop("RAY_ADDRESS", None)
+# RAY_AUTH_TOKEN: Ray 2.60 turns token authentication on for every new cluster and, with no token
+# in the environment, writes one to ~/.ray/auth_token; tests leave the user's home alone
+ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
+       "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
+    ENV.pop(var, None)
 
 pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports free now (all held until all are picked)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
+
+
+def listening(pid: int) -> set[tuple[str, str, int]]:
+    """(process, ip, port) of every listening TCP socket of a process and all its descendants (Ray's
+    daemons and workers descend from the driver that started them)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return set()
+    found = set()
+    for p in procs:
+        try:
+            label = " ".join([p.name(), *p.cmdline()[:3]])
+            found |= {(label, c.laddr.ip, c.laddr.port) for c in p.net_connections("inet")
+                      if c.status == psutil.CONN_LISTEN}
+        except psutil.Error:  # exited meanwhile
+            continue
+    return found
+
+
+def sample_listeners(proc: subprocess.Popen, timeout: float) -> set[tuple[str, str, int]]:
+    """Everything the process tree of `proc` listens on, sampled until it exits."""
+    seen, deadline = set(), time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        seen |= listening(proc.pid)
+        time.sleep(0.3)
+    return seen
 
 
 def write_spec(tmp_path: Path, **changes) -> Path:
@@ -248,13 +300,29 @@ def test_two_worker_zero2_trial(tmp_path):
         "base/optim/steps": 40,
     })
     storage = tmp_path / "studies"
-    out = run(["--space", str(spec), "--storage", str(storage)])
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    with (tmp_path / "out").open("w+") as log:
+        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            seen = sample_listeners(proc, timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.seek(0)
+        assert proc.returncode == 0, log.read()[-5000:]
     results = pd.read_csv(storage / "zero2" / "results.csv")
     assert results.trial_id.nunique() == 1 and len(results) == 6
     assert (results.n == 32).all()  # both workers' halves summed
     shards = sorted(p.name for p in (storage / "zero2" / "train").rglob("zero_pp_rank_*_optim_states.pt"))
     assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    # local means local, but for the one listener no API binds (NOT_BINDABLE): the workers' gloo
+    # group is on loopback, rank 0's TCPStore on every interface
+    workers = {(ip, port) for label, ip, port in seen if "RayTrainWorker" in label}
+    assert workers and any(is_loopback(ip) for ip, _ in workers), "sampled while the workers trained"
+    exposed = {(label, ip, port) for label, ip, port in seen if not is_loopback(ip)}
+    assert len(exposed) == 1 and all(any(owner in label for owner in NOT_BINDABLE) and ip in ("::", "0.0.0.0")
+                                     for label, ip, _ in exposed), exposed
 
 
 # --- ray job submit against `ray start --head` ------------------------------------------------
@@ -268,26 +336,85 @@ def copy_checkout(work: Path) -> None:
             shutil.copy2(ROOT / f, work / f)
 
 
-def wait_for_job_api(ray_cli: list[str], cwd: Path, env: dict) -> None:
-    """Up when a trivial job runs: the dashboard answers before its job agent is ready."""
-    for _ in range(60):
-        probe = subprocess.run([*ray_cli, "--", "python", "-c", "pass"], cwd=cwd, env=env,
-                               capture_output=True, text=True, timeout=120)
+HEAD_PORTS = ("port", "node-manager-port", "object-manager-port", "ray-client-server-port", "dashboard-port",
+              "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
+              "metrics-export-port")
+METRIC_PORT_ENV = ("DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")  # Ray reads these, no flag
+
+
+@dataclass
+class Head:
+    proc: subprocess.Popen
+    ports: dict[str, int]
+    temp_dir: str  # Ray's temp dir: sessions and their logs
+    log: Path  # what `ray start` printed
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.ports['dashboard-port']}"
+
+
+def head_ports() -> dict[str, int]:
+    return dict(zip(HEAD_PORTS + METRIC_PORT_ENV, free_ports(len(HEAD_PORTS) + len(METRIC_PORT_ENV))))
+
+
+def start_head(env: dict, cwd: Path, temp_dir: str | None, *args: str, ports: dict | None = None) -> Head:
+    """`ray start --head --block` with a free port for every listener (`ports`: from head_ports()).
+    Ray's defaults (GCS 6379, dashboard 8265, dashboard agent 52365, metrics 44217 and 44227, ...)
+    collide with any other Ray on the machine, and a head whose dashboard agent cannot bind its port
+    takes no jobs. `temp_dir` None: Ray's default temp dir (under RAY_TMPDIR)."""
+    ports = ports or head_ports()
+    log = cwd / "ray-head.log"
+    proc = subprocess.Popen(
+        [str(BIN / "ray"), "start", "--head", "--block", "--dashboard-host=127.0.0.1",
+         *[f"--{name}={ports[name]}" for name in HEAD_PORTS], *args,
+         *([f"--temp-dir={temp_dir}"] if temp_dir else [])],
+        env={**env, **{name: str(ports[name]) for name in METRIC_PORT_ENV}}, cwd=cwd,
+        stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    default_tmp = os.path.join(env.get("RAY_TMPDIR") or tempfile.gettempdir(), "ray")
+    return Head(proc, ports, temp_dir or default_tmp, log)
+
+
+def wait_for_job_api(ray_cli: list[str], cwd: Path, env: dict, head: Head, limit_s: float = 240) -> None:
+    """Up when a trivial job runs: the dashboard answers before its job agent is ready. Fails at
+    once with what it saw when the head cannot come up: `ray start` exited, or its dashboard agent
+    gave up serving HTTP (then every submission is refused with "No available agent")."""
+    deadline = time.time() + limit_s
+    agent_log = Path(head.temp_dir) / "session_latest" / "logs" / "dashboard_agent.log"
+    probe = None
+    while True:
+        if head.proc.poll() is not None:
+            raise AssertionError(f"ray start --head exited with {head.proc.returncode}:\n"
+                                 + head.log.read_text(errors="replace")[-3000:])
+        if agent_log.exists():
+            fatal = [line for line in agent_log.read_text(errors="replace").splitlines()
+                     if "failed to bind after" in line or "Failed to start HTTP server" in line]
+            if fatal:
+                raise AssertionError(f"the head's dashboard agent takes no jobs: {fatal[-1]}")
+        left = deadline - time.time()
+        if left <= 0:
+            raise AssertionError(f"no job ran within {limit_s:.0f} s; the last try said: "
+                                 + (probe.stdout[-2000:] + probe.stderr[-2000:] if probe else "nothing"))
+        try:
+            probe = subprocess.run([*ray_cli, "--", "python", "-c", "pass"], cwd=cwd, env=env,
+                                   capture_output=True, text=True, timeout=left)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"a trivial job did not finish within {limit_s:.0f} s: {e}") from None
         if probe.returncode == 0:
             return
         time.sleep(2)
-    raise AssertionError(probe.stdout[-2000:] + probe.stderr[-2000:])
 
 
-def stop_ray_started_here(head: subprocess.Popen, ray_tmp: str) -> None:
+def stop_ray_started_here(head: Head, ray_tmp: str) -> None:
     """Stop only the Ray processes this test started: the head's process group, then anything
     still running out of its temp dir."""
     import psutil
 
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
-            os.killpg(head.pid, sig)
-            head.wait(timeout=wait)
+            os.killpg(head.proc.pid, sig)
+            head.proc.wait(timeout=wait)
             break
         except (subprocess.TimeoutExpired, ProcessLookupError):
             continue
@@ -302,20 +429,13 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
     work = tmp_path / "checkout"
     copy_checkout(work)
     ray_tmp = tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # short: Ray's socket paths are limited
-    port, dash = free_port(), free_port()
-    # Ray 2.60 clusters use token authentication: the head makes ~/.ray/auth_token if missing and
-    # the job client sends it
+    # Ray 2.60 clusters use token authentication: the job client sends ENV's RAY_AUTH_TOKEN
     env = {**ENV, "PYTHONPATH": "", "RAY_AUTH_MODE": "token"}
-    head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--temp-dir={ray_tmp}"],
-        env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    head = start_head(env, tmp_path, ray_tmp, "--num-cpus=2")
     storage, db = tmp_path / "studies", tmp_path / "ml.db"
     try:
-        address = f"http://127.0.0.1:{dash}"
-        ray_cli = [str(BIN / "ray"), "job", "submit", f"--address={address}"]
-        wait_for_job_api(ray_cli, tmp_path, env)
+        ray_cli = [str(BIN / "ray"), "job", "submit", f"--address={head.dashboard}"]
+        wait_for_job_api(ray_cli, tmp_path, env, head)
         out = subprocess.run(
             [*ray_cli, "--working-dir", str(work), "--", "python", "study/run.py", "--space",
              "search_spaces/smoke.yaml", "--storage", str(storage), "--mlflow-uri", f"sqlite:///{db}"],
@@ -325,6 +445,9 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
         code_line = next(line for line in out.stdout.splitlines() if line.startswith("code: "))
         code_dir = code_line.removeprefix("code: ")
         assert code_dir.startswith(ray_tmp) and str(ROOT) not in code_dir, code_line
+        ray_line = next(line for line in out.stdout.splitlines() if line.startswith("ray: "))
+        assert ray_line.startswith("ray: cluster at "), ray_line
+        assert ray_line.endswith(f":{head.ports['port']}"), ray_line
         assert "succeeded" in (out.stdout + out.stderr).lower()
     finally:
         stop_ray_started_here(head, ray_tmp)
@@ -332,3 +455,117 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
     assert results.trial_id.nunique() == 4
     _, parents, children = mlflow_runs(db, "smoke")
     assert len(parents) == 1 and len(children) == 4
+
+
+# --- local means local ---------------------------------------------------------------------------
+# Listeners of a local study that neither Ray nor torch can bind to loopback, with why (see
+# LOCAL_ONLY_ENV in study/run.py). The one-worker trials of the smoke study have none; an N-worker
+# trial has one (test_two_worker_zero2_trial).
+NOT_BINDABLE = {
+    "RayTrainWorker": "rank 0's torch TCPStore of an N-worker Ray Train trial: the store listens on every "
+                      "interface whatever MASTER_ADDR is, and TorchConfig offers only env:// and tcp://",
+}
+
+
+def test_a_local_study_listens_on_loopback_only(tmp_path):
+    spec = write_spec(tmp_path, **{"name": "loopback", "search/trials_per_cell": 1, "base/optim/steps": 40})
+    with (tmp_path / "out").open("w+") as log:
+        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(tmp_path / "studies")],
+                                cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            seen = sample_listeners(proc, timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.seek(0)
+        assert proc.returncode == 0, log.read()[-5000:]
+    labels = " ".join(label for label, _, _ in seen)
+    # sampled while it ran: Ray's daemons, the driver and the trials (their gloo groups listen)
+    for owner in ("gcs_server", "raylet", "DashboardAgent", "ImplicitFunc", "study/run.py"):
+        assert owner in labels, (owner, seen)
+    exposed = sorted((label, ip, port) for label, ip, port in seen
+                     if not is_loopback(ip) and not any(owner in label for owner in NOT_BINDABLE))
+    assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
+
+
+def test_the_embedded_study_starts_its_own_ray_beside_another(tmp_path):
+    """A bare `ray.init()` attaches to the last `ray start` cluster of the machine (the address file
+    in Ray's temp dir): a laptop study would silently run on someone else's Ray."""
+    ray_tmp = tempfile.mkdtemp(prefix="rayo", dir="/tmp")
+    # the other Ray and the study share Ray's default temp dir, as on a laptop: the other's address
+    # file is where a bare ray.init() of the study would look
+    env = {**ENV, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "token"}
+    # a home of its own shows whether Ray writes ~/.ray/auth_token (the cache stays: DeepSpeed's op)
+    home = tmp_path / "home"
+    env.update(HOME=str(home), XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")))
+    head = start_head(env, tmp_path, None, "--num-cpus=1")
+    try:
+        address_file = Path(ray_tmp) / "ray" / "ray_current_cluster"
+        deadline = time.time() + 120
+        while not address_file.exists() and head.proc.poll() is None and time.time() < deadline:
+            time.sleep(0.5)
+        assert address_file.exists(), head.log.read_text(errors="replace")[-3000:]
+        other = address_file.read_text().strip()
+        assert other.endswith(f":{head.ports['port']}")
+
+        spec = write_spec(tmp_path, **{"name": "beside", "search/trials_per_cell": 1, "base/optim/steps": 20})
+        out = run(["--space", str(spec), "--storage", str(tmp_path / "studies")], env=env)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        ray_line = next(line for line in out.stdout.splitlines() if line.startswith("ray: "))
+        assert ray_line.startswith("ray: embedded local Ray on 127.0.0.1") and other not in ray_line, ray_line
+        # and the other cluster never saw a driver
+        jobs = subprocess.run([sys.executable, "-c", JOBS, head.dashboard], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert jobs.returncode == 0, jobs.stderr[-2000:]
+        assert json.loads(jobs.stdout.strip().splitlines()[-1]) == []
+    finally:
+        stop_ray_started_here(head, ray_tmp)
+    assert pd.read_csv(tmp_path / "studies" / "beside" / "results.csv").trial_id.nunique() == 2
+    assert not (home / ".ray").exists(), "Ray wrote to the user's home"
+
+
+JOBS = """
+import json, sys
+from ray.util.state import list_jobs
+print(json.dumps([j.job_id for j in list_jobs(address=sys.argv[1], raise_on_missing_output=False)]))
+"""
+
+
+# --- failures are loud ---------------------------------------------------------------------------
+def test_ctrl_c_stops_the_study_killed_with_no_results(tmp_path):
+    spec = write_spec(tmp_path, **{"name": "interrupted", "base/optim/steps": 3000})  # minutes: far beyond
+    storage = tmp_path / "studies"
+    db = storage / "mlflow.db"
+    with (tmp_path / "out").open("w+") as out, (tmp_path / "err").open("w+") as err:
+        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
+                                stdout=out, stderr=err, start_new_session=True)
+        try:
+            deadline = time.time() + 300
+            while time.time() < deadline and proc.poll() is None:  # until a trial has reported
+                time.sleep(0.5)
+                try:
+                    with sqlite3.connect(db) as con:
+                        if con.execute("select count(*) from metrics").fetchone()[0]:
+                            break
+                except sqlite3.Error:
+                    continue
+            assert proc.poll() is None, "the study should still be running"
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the foreground group
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert rc == 130, stdout[-3000:] + stderr[-3000:]
+    assert "--resume" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    _, parents, children = mlflow_runs(db, "interrupted")
+    assert [p.info.status for p in parents] == ["KILLED"]
+    assert children and all(c.info.status == "KILLED" for c in children)
+    study_dir = storage / "interrupted"
+    assert not (study_dir / "results.csv").exists() and not (study_dir / "summary.csv").exists()
+    assert "results:" not in stdout  # no table presented as the study's outcome
+    assert (study_dir / "tune").is_dir()  # what --resume continues
