@@ -293,14 +293,9 @@ def test_resume_after_the_driver_is_killed(tmp_path):
 
 
 # --- a 2-worker ZeRO-2 trial --------------------------------------------------------------------
-def test_two_worker_zero2_trial(tmp_path):
-    spec = write_spec(tmp_path, **{
-        "name": "zero2", "grid": None, "search": None, "task/params/train_length": 8,
-        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "zero_stage": 2},
-        "base/optim/steps": 40,
-    })
-    storage = tmp_path / "studies"
-    with (tmp_path / "out").open("w+") as log:
+def run_sampling_listeners(spec, storage, log_path) -> set[tuple[str, str, int]]:
+    """Run the study to the end (exit 0 asserted) while sampling its process tree's listeners."""
+    with open(log_path, "w+") as log:
         proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -311,6 +306,17 @@ def test_two_worker_zero2_trial(tmp_path):
             proc.wait()
         log.seek(0)
         assert proc.returncode == 0, log.read()[-5000:]
+    return seen
+
+
+def test_two_worker_zero2_trial(tmp_path):
+    spec = write_spec(tmp_path, **{
+        "name": "zero2", "grid": None, "search": None, "task/params/train_length": 8,
+        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "zero_stage": 2},
+        "base/optim/steps": 40,
+    })
+    storage = tmp_path / "studies"
+    seen = run_sampling_listeners(spec, storage, tmp_path / "out")
     results = pd.read_csv(storage / "zero2" / "results.csv")
     assert results.trial_id.nunique() == 1 and len(results) == 6
     assert (results.n == 32).all()  # both workers' halves summed
@@ -469,18 +475,7 @@ NOT_BINDABLE = {
 
 def test_a_local_study_listens_on_loopback_only(tmp_path):
     spec = write_spec(tmp_path, **{"name": "loopback", "search/trials_per_cell": 1, "base/optim/steps": 40})
-    with (tmp_path / "out").open("w+") as log:
-        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(tmp_path / "studies")],
-                                cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            seen = sample_listeners(proc, timeout=600)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.seek(0)
-        assert proc.returncode == 0, log.read()[-5000:]
+    seen = run_sampling_listeners(spec, tmp_path / "studies", tmp_path / "out")
     labels = " ".join(label for label, _, _ in seen)
     # sampled while it ran: Ray's daemons, the driver and the trials (their gloo groups listen)
     for owner in ("gcs_server", "raylet", "DashboardAgent", "ImplicitFunc", "study/run.py"):
