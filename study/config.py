@@ -29,6 +29,9 @@ MAX_SEED = 2**32 - 1  # numpy's and Optuna's seeds are 32-bit
 MAX_POSITION = 2**20
 MAX_PARAMETERS = 10**10  # 160 GB of fp32 weights, gradients and AdamW moments
 MAX_YAML_DEPTH = 50
+MAX_BATCH = 2**20  # sequences in one batch: beyond it the activations of any model here overflow memory
+MAX_SAMPLES = 10**7  # sequences generated for one evaluation set (they are held in memory)
+MAX_STEPS = 10**9
 
 
 class Strict(BaseModel):
@@ -93,8 +96,8 @@ class OptimSpec(Strict):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[Beta, Beta] = (0.9, 0.98)
     warmup_steps: int = Field(100, ge=0)
-    steps: int = Field(1000, ge=1)
-    batch_size: int = Field(64, ge=1, description="global batch, split over workers")
+    steps: int = Field(1000, ge=1, le=MAX_STEPS)
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="global batch, split over workers")
     grad_clip: float = Field(1.0, ge=0)
 
     @model_validator(mode="after")
@@ -112,9 +115,9 @@ class DeepSpeedSpec(Strict):
 class EvalSpec(Strict):
     lengths: list[int] = Field(min_length=1, description="test lengths (the task's length axis)")
     ks: list[int] | None = Field(None, min_length=1, description="k_test values; default: the task's train_k")
-    samples_per_cell: int = Field(128, ge=1)
-    batch_size: int = Field(128, ge=1)
-    val_samples: int = Field(256, ge=1, description="held-out in-distribution validation set")
+    samples_per_cell: int = Field(128, ge=1, le=MAX_SAMPLES)
+    batch_size: int = Field(128, ge=1, le=MAX_BATCH)
+    val_samples: int = Field(256, ge=1, le=MAX_SAMPLES, description="held-out in-distribution validation set")
     every_steps: int = Field(100, ge=1, description="validate and report every N steps")
 
 
@@ -213,6 +216,12 @@ class TrialConfig(Strict):
         except tasks.TaskParamError as e:
             field = "task.name" if e.param == "name" else f"task.params.{e.param}"
             raise ValueError(f"{field}: {e}") from None
+        p = self.positional
+        if p.id_window_heads is not None and p.id_window is None:
+            raise ValueError("positional.id_window_heads: needs positional.id_window (the window those heads use)")
+        if p.id_window_heads is not None and p.id_window_heads > self.model.n_heads:
+            raise ValueError(f"positional.id_window_heads: {p.id_window_heads} is more than model.n_heads "
+                             f"{self.model.n_heads}")
         if self.eval.ks is not None and not task.uses_k:
             raise ValueError(f"eval.ks: task {task.name!r} has no k axis; drop eval.ks")
         params = self.approx_parameters()

@@ -225,6 +225,15 @@ class StudySpec(Strict):
             if root == "deepspeed":
                 raise ValueError(f"{where}.{path}: ZeRO stage and bf16 are resources.zero_stage and "
                                  "resources.bf16, one for the whole study")
+        fixed = {f"base.{k}": k for k in _flatten(self.base)}
+        fixed.update({f"task.params.{k}": f"task.params.{k}" for k in _flatten(self.task.params)})
+        for where, path in paths:  # a fixed value a factor or the search would silently replace
+            values = self.grid[path] if where == "grid" else [None]
+            leaves = {path} | {lp for v in values if isinstance(v, dict) for lp in _flatten(v, path + ".")}
+            for name, fixed_path in fixed.items():
+                if fixed_path in leaves or fixed_path.startswith(path + ".") and where != "grid":
+                    raise ValueError(f"{name}: also set by {where}.{path}, which would replace it; set it "
+                                     "in one place")
         for (w1, p1), (w2, p2) in itertools.combinations(paths, 2):
             if p1 == p2 or p2.startswith(p1 + ".") or p1.startswith(p2 + "."):
                 raise ValueError(f"{w2}.{p2}: also set by {w1}.{p1}; a setting is either a factor "

@@ -85,7 +85,17 @@ def add_search(spec: dict, path: str, dist: dict) -> dict:
         spec["search"] = {"trials_per_cell": 2, "params": {}}
         spec["replicas"] = 1
     spec["search"]["params"][path] = dist
+    drop_path(spec.get("base", {}), path)  # a fixed value the search replaces is refused
     return spec
+
+
+def drop_path(d: dict, path: str) -> None:
+    *parents, leaf = path.split(".")
+    for p in parents:
+        d = d.get(p)
+        if not isinstance(d, dict):
+            return
+    d.pop(leaf, None)
 
 
 def case_makers(raw: dict, name: str, cases: list[Case]):
@@ -221,8 +231,17 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
     good("search-int-warmup", lambda s: add_search(s, "optim.warmup_steps", {"int": [0, min(20, steps)]}))
     good("name", lambda s: s.update(name="".join(rng.choice("abcXYZ019-_.") for _ in range(100)).strip(".") or "x"))
     good("betas", lambda s: set_path(s["base"], "optim.betas", [0.0, 0.999]))
+    local_heads = max([v for p, v in _flatten(raw).items() if p.endswith("id_window_heads")] +
+                      [v.get("id_window_heads") or 0 for vs in raw.get("grid", {}).values() for v in vs
+                       if isinstance(v, dict)] + [1])
     if is_free(raw, "model.n_heads"):
-        good("search-heads", lambda s: add_search(s, "model.n_heads", {"choice": [h for h in (1, 2, 4) if d_model % h == 0]}))
+        heads = [h for h in (1, 2, 4, 8, 16) if h >= local_heads and d_model % h == 0][:2]
+        good("search-heads", lambda s: add_search(s, "model.n_heads", {"choice": heads}))
+    if is_free(raw, "positional.id_window_heads"):
+        bad("id-window-heads", "positional.id_window_heads", lambda s: set_path(
+            s["base"], "positional", {**s["base"].get("positional", {}), "id_window": 1, "id_window_heads": 64}))
+    if is_free(raw, "optim.batch_size"):
+        bad("batch-huge", "optim.batch_size", lambda s: set_path(s["base"], "optim.batch_size", 10**9))
     good("metric-at-end-single-report", lambda s: (
         s.update(objective={"metric": final, "mode": "max"}), set_path(s["base"], "eval.every_steps", steps)))
     return cases + yaml_cases(name, path.read_text(), rng)
@@ -371,7 +390,8 @@ def test_tasks_sample_mutation(case, capsys):
 def test_a_search_is_checked_at_every_combination_of_its_points(tmp_path, capsys):
     """Each value is fine with the others' first values; 48 model dims and 32 heads together are not."""
     spec = yaml.safe_load((ROOT / "search_spaces" / "smoke.yaml").read_text())
-    spec["search"]["params"].update({"model.d_model": {"choice": [64, 48]}, "model.n_heads": {"choice": [4, 32]}})
+    for path, dist in {"model.d_model": {"choice": [64, 48]}, "model.n_heads": {"choice": [4, 32]}}.items():
+        add_search(spec, path, dist)
     path = tmp_path / "spec.yaml"
     path.write_text(dump(spec))
     assert run_cli.main(["--space", str(path), "--dry-run"]) == 2
