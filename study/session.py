@@ -91,9 +91,10 @@ def setup_distributed() -> tuple[int, int, torch.device]:
         # loopback interface. NCCL reads its variable at its lazy init, so it stays set (this
         # process has no other group); LOCAL_RANK too: DeepSpeed asks for it.
         os.environ.setdefault("LOCAL_RANK", "0")
-        if backend == "nccl" and loopback_interface():
-            os.environ["NCCL_SOCKET_IFNAME"] = loopback_interface()
-        with _env(GLOO_SOCKET_IFNAME=loopback_interface()):
+        lo = loopback_interface()
+        if backend == "nccl" and lo:
+            os.environ["NCCL_SOCKET_IFNAME"] = lo
+        with _env(GLOO_SOCKET_IFNAME=lo):
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     deepspeed.init_distributed(dist_backend=backend)  # wraps the group Ray Train or we made
     rank, world = dist.get_rank(), dist.get_world_size()

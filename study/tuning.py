@@ -33,8 +33,9 @@ def start_ray(address: str | None) -> None:
 
     # workers import the project from this checkout even if not installed
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    if loopback_interface():  # N-worker trials: Ray Train's gloo groups (NCCL's bootstrap) on loopback
-        env.update(GLOO_SOCKET_IFNAME=loopback_interface(), NCCL_SOCKET_IFNAME=loopback_interface())
+    lo = loopback_interface()
+    if lo:  # N-worker trials: Ray Train's gloo groups (NCCL's bootstrap) on loopback
+        env.update(GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
     info = ray.init(address="local", runtime_env={"env_vars": env}, include_dashboard=True,
                     dashboard_host="127.0.0.1", **quiet)
     ip = info.address_info["node_ip_address"]
