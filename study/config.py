@@ -128,7 +128,7 @@ class LossGapSpec(Strict):
     long_context: int = Field(256, ge=2)
     short_context: int = Field(32, ge=1)
     ks: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
-    method: Literal["greedy", "gain", "attention"] = "gain"
+    method: Literal["greedy", "gain", "occlusion", "attention"] = "gain"
     targets: int = Field(64, ge=1)
     rows_per_batch: int = Field(64, ge=1)
     min_gap: float = Field(0.05, ge=0)
@@ -144,6 +144,29 @@ class LossGapSpec(Strict):
         return self
 
 
+class SparsitySpec(Strict):
+    """After training: the sparsity meter (study/sparsity.py), per target token the smallest k of
+    earlier tokens that recovers `recover` of its loss gap, checked against the planted
+    dependencies on synthetic tasks."""
+
+    method: Literal["occlusion", "greedy", "gain", "attention"] = Field(
+        "occlusion", description="how the k tokens are ranked (greedy and gain cannot find an xor's bits)")
+    ablation: Literal["auto", "resample", "hide"] = Field(
+        "auto", description="how a token is taken away: resample its value (synthetic tasks, the default "
+        "there) or hide it from attention (the paper's truncation; text)")
+    targets: int = Field(256, ge=1, le=MAX_SAMPLES)
+    k_max: int = Field(8, ge=1, le=4096)
+    recover: float = Field(0.9, gt=0, le=1, description="share of the gap k tokens must recover")
+    min_gap: float = Field(0.1, ge=0, description="targets with a smaller gap are counted as flat")
+    draws: int = Field(16, ge=1, le=4096, description="resample: redraws per visibility pattern")
+    short_context: int | None = Field(
+        None, ge=0, description="tokens before the target always kept (default: 0 resample, 1 hide, 32 text)")
+    long_context: int = Field(256, ge=2, description="text: tokens of context before each target")
+    length: int | None = Field(None, ge=1, description="synthetic: measure at this length (default: training mix)")
+    k: int | None = Field(None, ge=1, description="synthetic k-tasks: measure at this k")
+    rows_per_batch: int = Field(256, ge=1, le=MAX_BATCH)
+
+
 class TrialConfig(Strict):
     task: TaskSpec
     positional: PositionalSpec = PositionalSpec()
@@ -152,6 +175,7 @@ class TrialConfig(Strict):
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     eval: EvalSpec
     loss_gap: LossGapSpec | None = None
+    sparsity: SparsitySpec | None = None
     seed: int = Field(0, ge=0, le=MAX_SEED)
 
     @model_validator(mode="before")
@@ -260,7 +284,44 @@ class TrialConfig(Strict):
             if self.loss_gap.long_context >= max_pos:
                 raise ValueError(f"loss_gap.long_context: {self.loss_gap.long_context} needs ids beyond "
                                  f"positional.max_position {max_pos}")
+        if self.sparsity is not None:
+            self._check_sparsity(task, max_pos)
         return self
+
+    def _check_sparsity(self, task: tasks.Task, max_pos: int) -> None:
+        from study.sparsity import resolve
+
+        s = self.sparsity
+        _, short = resolve(s, task)  # raises naming sparsity.ablation / sparsity.short_context
+        if task.evaluation == "loss":
+            for name in ("length", "k"):
+                if getattr(s, name) is not None:
+                    raise ValueError(f"sparsity.{name}: for synthetic tasks only; text uses sparsity.long_context")
+            if s.long_context >= max_pos:
+                raise ValueError(f"sparsity.long_context: {s.long_context} needs ids beyond "
+                                 f"positional.max_position {max_pos}")
+            if short >= s.long_context:
+                raise ValueError(f"sparsity.short_context: {short} must be below long_context {s.long_context}")
+            if s.k_max > s.long_context - short:
+                raise ValueError(f"sparsity.k_max: {s.k_max} is more than the {s.long_context - short} "
+                                 "tokens before the short window")
+            return
+        if s.k is not None and not task.uses_k:
+            raise ValueError(f"sparsity.k: task {task.name!r} has no k axis")
+        if s.length is not None:
+            try:
+                task.check(s.length, s.k)
+            except tasks.TaskParamError as e:
+                raise ValueError(f"sparsity.{'length' if e.param == 'length' else 'k'}: {e.detail}") from None
+            need = self.ids_needed(s.length, s.k)
+            if need >= max_pos:
+                raise ValueError(f"sparsity.length: {s.length} needs position id {need}, beyond "
+                                 f"positional.max_position {max_pos}")
+        elif s.k is not None:
+            try:
+                task.check(task.train_length, s.k)
+            except tasks.TaskParamError as e:
+                raise ValueError(f"sparsity.k: {e.detail}") from None
 
 
 def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
@@ -283,6 +344,8 @@ def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
         last -= {"loss_in_dist", "loss_beyond"}
     if cfg.loss_gap is not None:  # study/loss_gap.py gap_metrics names them
         last.add("loss_gap/*")
+    if cfg.sparsity is not None:  # study/sparsity.py sparsity_metrics names them
+        last.add("sparsity/*")
     return every, last
 
 

@@ -12,16 +12,25 @@ reaches the target through another position in a deeper layer. Each visibility p
 of a batch (the model's `visible` mask), so the analysis is bounded by model compute.
 
 Choosing the k tokens (`method`):
-- greedy:    add, k times, the earlier token whose unmasking lowers the loss most (exact; k x C rows)
+- greedy:    add, k times, the earlier token whose unmasking lowers the loss most (k x C rows)
 - gain:      rank earlier tokens by their gain when unmasked alone on top of the short window (C rows)
+- occlusion: rank earlier tokens by the loss when each alone is masked from the full context (C rows)
 - attention: rank earlier tokens by the target query's attention mass in a full-context pass (1 row)
-C = L_bar - L candidates per target.
+C = L_bar - L candidates per target. greedy and gain build up from the short window, so they cannot
+find tokens that matter only together (an xor: no one bit of a parity moves its loss); occlusion
+takes them away from the full context one at a time, where each such token matters alone.
+
+Two ways to take a token away (the scorers): `TargetScorer` hides it from attention (the paper's
+truncation); `ResampleScorer` redraws its value inside its task's value class and scores the mixture
+prediction, so the model is ignorant of the value but the sample keeps its structure (study/sparsity.py
+says when each is right).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,7 +39,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-Method = Literal["greedy", "gain", "attention"]
+Method = Literal["greedy", "gain", "occlusion", "attention"]
 
 
 @dataclass
@@ -63,11 +72,12 @@ class TargetScorer:
         self.model, self.device, self.rows = model, torch.device(device), rows_per_batch
 
     @torch.no_grad()
-    def losses(self, window: torch.Tensor, key_masks: torch.Tensor) -> torch.Tensor:
-        """window [L_bar + 1]; key_masks [V, L_bar] (True = visible). Returns the target's loss [V]."""
+    def losses(self, window: torch.Tensor, key_masks: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """window [L_bar + 1]; key_masks [V, L_bar] (True = visible); ids [L_bar] the context's
+        position ids (default 0..L_bar-1). Returns the target's loss [V]."""
         context, target = window[:-1], window[-1]
         T = context.shape[0]
-        ids = torch.arange(T, device=self.device)
+        ids = torch.arange(T, device=self.device) if ids is None else ids
         eye = torch.eye(T, dtype=torch.bool, device=self.device)
         out = []
         for chunk in key_masks.split(self.rows):
@@ -78,7 +88,7 @@ class TargetScorer:
         return torch.cat(out)
 
     @torch.no_grad()
-    def attention_mass(self, window: torch.Tensor) -> torch.Tensor:
+    def attention_mass(self, window: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
         """The target query's attention to each context position, mean over heads, sum over layers."""
         if hasattr(self.model, "attention_mass"):
             return self.model.attention_mass(window)
@@ -89,54 +99,109 @@ class TargetScorer:
             a.record_last_query = True
         try:
             context = window[:-1][None]
-            self.model(context, torch.arange(context.shape[1], device=self.device)[None])
+            ids = torch.arange(context.shape[1], device=self.device) if ids is None else ids
+            self.model(context, ids[None])
             return sum(a.last_query_attention[0].mean(0) for a in attns)
         finally:
             for a in attns:
                 a.record_last_query, a.last_query_attention = False, None
 
 
-def analyze_window(scorer: TargetScorer, window: torch.Tensor, cfg: GapConfig) -> list[dict]:
-    """All losses for one target; one record per k."""
-    Lb, L = cfg.long_context, cfg.short_context
+class ResampleScorer(TargetScorer):
+    """Loss of the last token when the tokens not kept are redrawn, `draws` times, uniformly inside
+    their value class (a task's `value_classes`: 0 <-> 1, A <-> B); the loss is that of the mixture
+    prediction, -log mean_r p_r(target). The model sees whole, well-formed samples, so this is
+    ignorance of a value, not absence of a token. Tokens in no class are never redrawn. The redraws
+    depend only on the window and the seed, so every pattern of one window shares them."""
+
+    def __init__(self, model, classes: list[list[int]], vocab_size: int, device="cpu",
+                 rows_per_batch: int = 256, draws: int = 16, seed: int = 0):
+        super().__init__(model, device, rows_per_batch)
+        self.draws, self.seed = draws, seed
+        self.class_of = np.full(vocab_size, -1)
+        for c, members in enumerate(classes):
+            self.class_of[members] = c
+        self.members = [np.asarray(m) for m in classes]
+
+    def resamplable(self, window: torch.Tensor) -> torch.Tensor:
+        """Bool [L_bar]: which context tokens have a class to be redrawn in."""
+        return torch.as_tensor(self.class_of[window[:-1].cpu().numpy()] >= 0, device=self.device)
+
+    def redraws(self, window: torch.Tensor) -> torch.Tensor:
+        context = window[:-1].cpu().numpy()
+        rng = np.random.default_rng([self.seed, zlib.crc32(context.astype(np.int64).tobytes())])
+        out = np.repeat(context[None], self.draws, axis=0)
+        cls = self.class_of[context]
+        for c, members in enumerate(self.members):
+            at = np.flatnonzero(cls == c)
+            out[:, at] = members[rng.integers(0, len(members), size=(self.draws, len(at)))]
+        return torch.as_tensor(out, device=self.device)
+
+    @torch.no_grad()
+    def losses(self, window: torch.Tensor, key_masks: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """key_masks [V, L_bar]: True = the real token, False = redrawn. Returns the loss [V]."""
+        context, target = window[:-1], window[-1]
+        T, R = context.shape[0], self.draws
+        ids = torch.arange(T, device=self.device) if ids is None else ids
+        redraws = self.redraws(window)  # [R, T]
+        out = []
+        for chunk in key_masks.split(max(1, self.rows // R)):
+            tokens = torch.where(chunk[:, None, :], context, redraws[None]).reshape(-1, T)  # [V*R, T]
+            logits = self.model(tokens, ids.expand(tokens.shape[0], T))[0][:, -1].float()
+            p = logits.log_softmax(-1)[:, target].reshape(-1, R)
+            out.append(-(torch.logsumexp(p, dim=1) - math.log(R)))
+        return torch.cat(out)
+
+
+def analyze_window(scorer: TargetScorer, window: torch.Tensor, cfg, ids: torch.Tensor | None = None) -> list[dict]:
+    """All losses for one target (the last token of `window`); one record per k.
+
+    cfg needs short_context (L), ks, method and min_gap; the context is the whole window before the
+    target (L_bar = len(window) - 1), so windows may differ in length. ks beyond the C = L_bar - L
+    candidates are left out."""
+    Lb, L = window.shape[0] - 1, cfg.short_context
     C = Lb - L  # candidates: positions 0..C-1; the short window is C..Lb-1
+    ks = [k for k in cfg.ks if k <= C]
+    if not ks:
+        return []
     dev = window.device
     short = torch.zeros(Lb, dtype=torch.bool, device=dev)
     short[C:] = True
-    base = torch.stack([torch.ones(Lb, dtype=torch.bool, device=dev), short])
-    l_long, l_short = scorer.losses(window, base).tolist()
-    kmax = max(cfg.ks)
+    full = torch.ones(Lb, dtype=torch.bool, device=dev)
+    l_long, l_short = scorer.losses(window, torch.stack([full, short]), ids).tolist()
+    kmax = max(ks)
     eye = torch.eye(C, Lb, dtype=torch.bool, device=dev)  # row j unmasks candidate j
     if cfg.method == "greedy":
         chosen: list[int] = []
         path: list[float] = []
         current = short.clone()
         for _ in range(kmax):
-            rows = current | eye
-            losses = scorer.losses(window, rows)
+            losses = scorer.losses(window, current | eye, ids)
             if chosen:
                 losses[chosen] = math.inf
             j = int(losses.argmin())
             chosen.append(j)
             current[j] = True
             path.append(float(losses[j]))
-        sparse = {k: path[k - 1] for k in cfg.ks}
+        sparse = {k: path[k - 1] for k in ks}
         order = chosen
     else:
         if cfg.method == "gain":
-            score = -scorer.losses(window, short | eye)  # lower loss alone = larger gain
+            score = -scorer.losses(window, short | eye, ids)  # lower loss alone = larger gain
+        elif cfg.method == "occlusion":
+            score = scorer.losses(window, full & ~eye, ids)  # higher loss without it = more needed
         elif cfg.method == "attention":
-            score = scorer.attention_mass(window)[:C]
+            score = scorer.attention_mass(window, ids)[:C]
         else:
-            raise ValueError(f"method: unknown {cfg.method!r}; expected greedy, gain or attention")
-        order = score.argsort(descending=True)[:kmax].tolist()
-        rows = torch.stack([short.clone() for _ in cfg.ks])
-        for i, k in enumerate(cfg.ks):
+            raise ValueError(f"method: unknown {cfg.method!r}; expected greedy, gain, occlusion or attention")
+        order = score.argsort(descending=True, stable=True)[:kmax].tolist()
+        rows = torch.stack([short.clone() for _ in ks])
+        for i, k in enumerate(ks):
             rows[i, order[:k]] = True
-        sparse = dict(zip(cfg.ks, scorer.losses(window, rows).tolist()))
+        sparse = dict(zip(ks, scorer.losses(window, rows, ids).tolist()))
     gap = l_short - l_long
     records = []
-    for k in cfg.ks:
+    for k in ks:
         picked = sorted(order[:k])
         records.append({
             "k": k, "L_long": l_long, "L_short": l_short, "L_sparse": sparse[k], "gap": gap,
@@ -274,6 +339,18 @@ def hf_tokens(path: str, text_tokens_fallback: np.ndarray) -> np.ndarray:
     return np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
 
 
+def checkpoint_of_run(uri: str, run_id: str):
+    """(MlflowClient, run id, checkpoint folder) for the CLIs' --mlflow-run: a trial run's
+    `checkpoint` tag (study/tracking.py) is where its model was stored."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    checkpoint = client.get_run(run_id).data.tags.get("checkpoint")
+    if not checkpoint:
+        raise ValueError(f"--mlflow-run: run {run_id} has no `checkpoint` tag")
+    return client, run_id, checkpoint
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
@@ -290,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-context", type=int, default=256)
     p.add_argument("--short-context", type=int, default=32)
     p.add_argument("--ks", default="1,2,4,8")
-    p.add_argument("--method", choices=["greedy", "gain", "attention"], default="gain")
+    p.add_argument("--method", choices=["greedy", "gain", "occlusion", "attention"], default="gain")
     p.add_argument("--targets", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="loss_gap_out", help="folder for tokens.csv, summary.csv, gap_scatter.png")
@@ -306,12 +383,10 @@ def main(argv: list[str] | None = None) -> int:
 
     client = run_id = None
     if args.mlflow_run:
-        from mlflow.tracking import MlflowClient
-
-        client, run_id = MlflowClient(args.mlflow_uri), args.mlflow_run
-        args.checkpoint = client.get_run(run_id).data.tags.get("checkpoint")
-        if not args.checkpoint:
-            print(f"error: --mlflow-run: run {run_id} has no `checkpoint` tag", file=sys.stderr)
+        try:
+            client, run_id, args.checkpoint = checkpoint_of_run(args.mlflow_uri, args.mlflow_run)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
             return 2
     if args.checkpoint:
         from study.train import load_trained

@@ -5,6 +5,9 @@
 - summary: per study cell, the trial selected on the objective (in-distribution validation by
   default) with its in-distribution and beyond-train-length accuracy.
 - accuracy_vs_length.png: the selected trial of every cell, accuracy against test length.
+- sparsity_vs_extrapolation.png (specs with a `sparsity:` section): every trial's measured sparsity
+  (median k, study/sparsity.py) against its accuracy (or loss) beyond the train length, the paper's
+  thesis as one scatter.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ import pandas as pd
 from study.spec import StudySpec
 
 SUMMARY_COLUMNS = ["val_exact", "val_loss", "acc_in_dist", "acc_beyond", "exact_in_dist", "exact_beyond"]
+# kept where a trial reports them: the loss of language models, the sparsity meter's summary
+OPTIONAL_COLUMNS = ["loss_beyond", "sparsity/k_median", "sparsity/k_p90", "sparsity/k_match",
+                    "sparsity/precision", "sparsity/recall", "sparsity/targets_flat"]
 
 
 def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
@@ -33,6 +39,7 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
             "seed": t["config"]["trial"]["seed"],
             "status": t["status"],
             **{k: metrics.get(k) for k in [spec.objective.metric, *SUMMARY_COLUMNS]},
+            **{k: metrics[k] for k in OPTIONAL_COLUMNS if k in metrics},
         }
         for rec in metrics.get("eval_records") or []:
             rows.append({**common, **rec})
@@ -49,7 +56,7 @@ def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
     order = [ascending, True, True][: len(by)]
     best = trials.sort_values(by, ascending=order).groupby("cell", sort=False).head(1)
     cols = ["cell", "trial_id", "seed", *[c for c in trials.columns if c.startswith("search.")],
-            *dict.fromkeys([metric, *SUMMARY_COLUMNS])]
+            *dict.fromkeys([metric, *SUMMARY_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in trials]])]
     order = {c.label: c.index for c in spec.cells()}
     return best[cols].sort_values("cell", key=lambda s: s.map(order)).reset_index(drop=True)
 
@@ -91,6 +98,34 @@ def plot_accuracy(results: pd.DataFrame, selected: pd.DataFrame, path: str, trai
     return path
 
 
+def plot_sparsity(results: pd.DataFrame, path: str) -> str | None:
+    """Each trial's median k (the meter) against its extrapolation: accuracy beyond the train
+    length, or loss there for language models; one marker per cell. None when nothing to plot."""
+    trials = results.drop_duplicates("trial_id")
+    y = "acc_beyond" if trials.get("acc_beyond", pd.Series(dtype=float)).notna().any() else "loss_beyond"
+    if "sparsity/k_median" not in trials or y not in trials:
+        return None
+    trials = trials[trials["sparsity/k_median"].notna() & trials[y].notna()]
+    if trials.empty:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.6, 4))
+    for i, (cell, group) in enumerate(trials.groupby("cell", sort=False)):
+        ax.scatter(group["sparsity/k_median"], group[y], s=30, alpha=0.8, marker="osD^v<>p"[i % 8],
+                   label=cell)
+    ax.set_xlabel("measured sparsity: median k of tokens a target needs")
+    ax.set_ylabel("answer accuracy beyond the train length" if y == "acc_beyond" else "loss beyond the train length")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(spec: StudySpec, trials: list[dict], out_dir: str) -> tuple[pd.DataFrame, dict[str, str]]:
     """Write results.csv, summary.csv and the plot; return the summary and the files written."""
     os.makedirs(out_dir, exist_ok=True)
@@ -103,4 +138,7 @@ def write_report(spec: StudySpec, trials: list[dict], out_dir: str) -> tuple[pd.
     if not summary.empty:
         train_lengths = {t["trial_id"]: t["config"]["trial"]["task"]["params"].get("train_length", 0) for t in trials}
         files["plot"] = plot_accuracy(results, summary, os.path.join(out_dir, "accuracy_vs_length.png"), train_lengths)
+        scatter = plot_sparsity(results, os.path.join(out_dir, "sparsity_vs_extrapolation.png"))
+        if scatter:
+            files["sparsity_plot"] = scatter
     return summary, files

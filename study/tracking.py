@@ -120,6 +120,8 @@ class StudyTracker(Callback):
             self.client.log_text(run_id, _records_csv(records), "eval/records.csv")
         if result.get("loss_gap_records"):
             self._log_loss_gap(run_id, result["loss_gap_summary"], result["loss_gap_records"])
+        if result.get("sparsity_targets"):
+            self._log_sparsity(run_id, result["sparsity_targets"], trial.config["trial"])
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
 
@@ -135,6 +137,18 @@ class StudyTracker(Callback):
         with tempfile.TemporaryDirectory() as tmp:
             path = plot_gap(pd.DataFrame(records), f"{tmp}/gap_scatter.png")
             self.client.log_artifact(run_id, path, "loss_gap")
+
+    def _log_sparsity(self, run_id: str, rows: list[dict], trial_config: dict) -> None:
+        import tempfile
+
+        import pandas as pd
+
+        from study.sparsity import plot_k
+
+        self.client.log_text(run_id, _records_csv(rows), "sparsity/targets.csv")
+        k_max = (trial_config.get("sparsity") or {}).get("k_max", 8)
+        with tempfile.TemporaryDirectory() as tmp:
+            self.client.log_artifact(run_id, plot_k(pd.DataFrame(rows), k_max, f"{tmp}/k_hist.png"), "sparsity")
 
     def _extrapolation_metrics(self, records: list[dict], now: int) -> list[Metric]:
         primary = records[0]["ids"]  # the model's own ids come first (PPC: predicted)

@@ -176,6 +176,11 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         gap, extra["loss_gap_summary"], extra["loss_gap_records"] = gap_metrics(
             engine.module, task, cfg.loss_gap, cfg.seed, device)
         metrics.update(gap)
+    if cfg.sparsity is not None:  # every rank runs it, as above
+        from study.sparsity import sparsity_metrics
+
+        meter, extra["sparsity_targets"] = sparsity_metrics(engine.module, task, cfg, device)
+        metrics.update(meter)
     _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True)
     return {"metrics": metrics, "records": records}
 
@@ -232,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     table = pd.DataFrame(result["records"])
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    shown = ("acc_", "exact_", "val_", "loss_in_dist", "loss_beyond", "loss_gap/")
+    shown = ("acc_", "exact_", "val_", "loss_in_dist", "loss_beyond", "loss_gap/", "sparsity/")
     summary = {k: round(v, 4) for k, v in result["metrics"].items() if k.startswith(shown)}
     print(summary)
     if args.out:

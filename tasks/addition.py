@@ -37,6 +37,9 @@ class AdditionTask(Task):
     def _build_vocab(self) -> Vocab:
         return Vocab([*DIGITS, "+", "="])
 
+    def value_classes(self) -> list[list[str]]:
+        return [DIGITS]
+
     def max_position_id(self, length: int, k: int | None) -> int:
         return length + 2
 

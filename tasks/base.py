@@ -206,6 +206,13 @@ class Task(ABC):
     def _check_cell(self, length: int, k: int | None) -> None:
         """Task-specific impossibility checks for one cell (length and k already validated)."""
 
+    def value_classes(self) -> list[list[str]]:
+        """Groups of tokens that can stand in for one another without changing a sample's structure
+        (0 <-> 1, A <-> B: a marked bit stays marked). The sparsity meter's `resample` ablation
+        redraws a token inside its group to make the model ignorant of its value; tokens in no
+        group (`=`, separators) are never redrawn. Empty: the task has no such structure (text)."""
+        return []
+
     @abstractmethod
     def max_position_id(self, length: int, k: int | None) -> int:
         """Largest coupled position id any sample of this cell can have."""

@@ -35,6 +35,9 @@ class CopyTask(Task):
     def _build_vocab(self) -> Vocab:
         return Vocab([*self._symbols(), "="])
 
+    def value_classes(self) -> list[list[str]]:
+        return [self._symbols()]
+
     def max_position_id(self, length: int, k: int | None) -> int:
         return length + 1
 

@@ -32,6 +32,9 @@ class ParityTask(Task):
     def _build_vocab(self) -> Vocab:
         return Vocab(["0", "1", "="])
 
+    def value_classes(self) -> list[list[str]]:
+        return [["0", "1"]]
+
     def max_position_id(self, length: int, k: int | None) -> int:
         return length + 2
 

@@ -72,6 +72,9 @@ class VariableAssignmentTask(Task):
     def _build_vocab(self) -> Vocab:
         return Vocab([*variable_names(self.num_vars), *DIGITS, "=", ";", "?"])
 
+    def value_classes(self) -> list[list[str]]:
+        return [variable_names(self.num_vars), DIGITS]
+
     def _check_cell(self, length: int, k: int | None) -> None:
         if length > self.num_vars:
             raise TaskParamError(

@@ -235,8 +235,16 @@ def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
         assert sorted(m["step"] for m in curve) == [20, 40, 60]  # the training curve
         arts = rest(mlflow_server, "artifacts/list", query=f"?run_id={r['info']['run_id']}&path=eval")
         assert [f["path"] for f in arts["files"]] == ["eval/records.csv"]
+        # the sparsity meter's record (the spec's `sparsity:` section): metrics and per-target table
+        metrics = {m["key"]: m["value"] for m in r["data"]["metrics"]}
+        assert 1 <= metrics["sparsity/k_median"] <= metrics["sparsity/k_p90"] <= 5  # k_max 4, 5 = beyond
+        assert 0 <= metrics["sparsity/precision"] <= 1 and "sparsity/recall" in metrics
+        arts = rest(mlflow_server, "artifacts/list", query=f"?run_id={r['info']['run_id']}&path=sparsity")
+        assert {"sparsity/targets.csv", "sparsity/k_hist.png"} == {f["path"] for f in arts["files"]}
     arts = rest(mlflow_server, "artifacts/list", query=f"?run_id={parent_id}")
-    assert {"results.csv", "summary.csv", "accuracy_vs_length.png"} <= {f["path"] for f in arts["files"]}
+    assert {"results.csv", "summary.csv", "accuracy_vs_length.png",
+            "sparsity_vs_extrapolation.png"} <= {f["path"] for f in arts["files"]}
+    assert results["sparsity/k_median"].notna().all()  # every trial, beside its extrapolation
 
     # running the same study again without --resume refuses and leaves the record alone
     before = (storage / "smoke" / "results.csv").stat().st_mtime_ns
