@@ -102,7 +102,8 @@ def plot_sparsity(results: pd.DataFrame, path: str) -> str | None:
     """Each trial's median k (the meter) against its extrapolation: accuracy beyond the train
     length, or loss there for language models; one marker per cell. None when nothing to plot."""
     trials = results.drop_duplicates("trial_id")
-    y = "acc_beyond" if trials.get("acc_beyond", pd.Series(dtype=float)).notna().any() else "loss_beyond"
+    # language models report a loss beyond the train length: the quantity their sparsity is about
+    y = "loss_beyond" if trials.get("loss_beyond", pd.Series(dtype=float)).notna().any() else "acc_beyond"
     if "sparsity/k_median" not in trials or y not in trials:
         return None
     trials = trials[trials["sparsity/k_median"].notna() & trials[y].notna()]

@@ -175,3 +175,16 @@ def test_cli_on_a_checkpoint_and_on_a_hugging_face_model(trained_lm, tmp_path):
         assert out.returncode == 0, out.stderr
         tokens = pd.read_csv(tmp_path / method / "tokens.csv")
         assert len(tokens) == 8 and (tokens.L_long > 0).all()
+
+    # the sparsity meter on the same models: text, so tokens are hidden (no value classes)
+    meter = lambda *a: subprocess.run([sys.executable, "-m", "study.sparsity", *a], cwd=root,  # noqa: E731
+                                      capture_output=True, text=True, timeout=600)
+    for source, name in (("--checkpoint", str(folder)), ("--hf", str(tmp_path / "tiny-llama"))):
+        out = meter(source, name, "--long-context", "48", "--short-context", "8", "--k-max", "4",
+                    "--targets", "4", "--out", str(tmp_path / f"meter{source}"))
+        assert out.returncode == 0, out.stderr
+        assert "ablation=hide" in out.stdout and "per 1000 targets" in out.stdout
+        table = pd.read_csv(tmp_path / f"meter{source}" / "targets.csv")
+        assert len(table) == 4 and set(table.kind) == {"text"} and "planted" not in table
+    bad = meter("--hf", str(tmp_path / "tiny-llama"), "--ablation", "resample")
+    assert bad.returncode == 2 and "--ablation" in bad.stderr

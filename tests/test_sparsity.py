@@ -78,6 +78,27 @@ def test_greedy_and_gain_cannot_find_an_xor_but_occlusion_does():
     assert scores["greedy"] < 0.5 and scores["gain"] < 0.5, scores
 
 
+def test_on_text_hiding_finds_the_one_far_token_a_model_copies():
+    """Text has no plant; a model that copies the token 20 back needs exactly that token (k = 1)."""
+    from study.sparsity import text_targets
+
+    class CopyFromFar(torch.nn.Module):  # predicts context token 4 when its last query sees it
+        def forward(self, tokens, position_ids, visible=None, cache=None):
+            logits = torch.zeros(*tokens.shape, 11)
+            sees = visible[:, -1, 4] if visible is not None else torch.ones(len(tokens), dtype=torch.bool)
+            one_hot = torch.nn.functional.one_hot(tokens[:, 4], 11).float()
+            logits[:, -1] = torch.where(sees[:, None], 12.0 * one_hot, 0.0)
+            return logits, None, None
+
+    tokens = np.random.default_rng(0).integers(0, 11, size=1000)
+    targets = text_targets(tokens, 12, long_context=24, seed=0)
+    for t in targets:  # the target copies the token 20 back: position 4 of each 24-token context
+        t.window[-1] = t.window[4]
+    table, _ = measure(CopyFromFar(), targets, ablation="hide", short_context=6, k_max=3, method="occlusion",
+                       recover=0.9, min_gap=0.05)
+    assert (table.k == 1).all() and all(c == [4] for c in table.chosen)
+
+
 def test_resampling_redraws_values_inside_their_class_and_keeps_the_rest():
     seen = []
 

@@ -245,6 +245,16 @@ def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
     assert {"results.csv", "summary.csv", "accuracy_vs_length.png",
             "sparsity_vs_extrapolation.png"} <= {f["path"] for f in arts["files"]}
     assert results["sparsity/k_median"].notna().all()  # every trial, beside its extrapolation
+    # the meter again on a recorded trial, found through its MLflow run: written back to that run
+    child = found[0]["info"]["run_id"]
+    meter = subprocess.run([str(BIN / "python"), "-m", "study.sparsity", "--mlflow-run", child, "--mlflow-uri",
+                            mlflow_server, "--targets", "8", "--k-max", "3", "--out", str(tmp_path / "meter")],
+                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert meter.returncode == 0, meter.stderr[-3000:]
+    tags = {t["key"]: t["value"] for t in rest(mlflow_server, "runs/get", query=f"?run_id={child}")["run"]["data"]["tags"]}
+    assert tags["sparsity.method"] == "occlusion/resample"
+    arts = rest(mlflow_server, "artifacts/list", query=f"?run_id={child}&path=sparsity")
+    assert "sparsity/summary.csv" in {f["path"] for f in arts["files"]}
 
     # running the same study again without --resume refuses and leaves the record alone
     before = (storage / "smoke" / "results.csv").stat().st_mtime_ns
