@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         P, G = int(batch.prompt_len[0]), int(batch.seq_len[0] - batch.prompt_len[0])
         acc = right[:, P - 1 : P - 1 + G].mean(0)
         span = id_span(ids, batch.seq_len)[:, P - 1 : P - 1 + G].max(0)
-        print(f"\nlength {length}" + (f", k {k}" if k else "") + f": target position, accuracy, id distance seen")
+        print(f"\nlength {length}" + (f", k {k}" if k else "") + ": target position, accuracy, id distance seen")
         for i in range(G):
             flag = "  > trained" if span[i] > trained_span else ""
             print(f"  {i:3d}  {acc[i]:.2f}  {span[i]:3d}{flag}")

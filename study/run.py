@@ -1,7 +1,8 @@
-"""Run a study: `python study/run.py [--space FILE] [--storage DIR] [--mlflow-uri URI] [--resume] [--dry-run]`.
+"""Run a study: `python study/run.py [--space FILE] [--storage DIR|URI] [--mlflow-uri URI] [--resume] [--dry-run]`.
 
 On a laptop it starts an embedded local Ray of its own (never another Ray running on the machine;
-everything it starts listens on 127.0.0.1 only) and records to `sqlite:///<storage>/mlflow.db`;
+everything it starts listens on 127.0.0.1 only) and records to `sqlite:///<storage>/mlflow.db`
+(`sqlite:///./studies/mlflow.db` when the storage is a bucket: `s3://...`, `gs://...`, study/storage.py);
 with `--address` or RAY_ADDRESS (set by `ray job submit --working-dir . -- python study/run.py ...`)
 it joins that cluster. The whole study is one Tune experiment (`<storage>/<study name>/tune`), so
 `--resume` continues it: finished trials are not rerun, searches and schedulers are restored,
@@ -42,8 +43,11 @@ LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python study/run.py", description=__doc__.split("\n")[0])
     p.add_argument("--space", default=str(ROOT / "search_spaces" / "default.yaml"), help="study spec YAML")
-    p.add_argument("--storage", default="./studies", help="where studies live (default ./studies)")
-    p.add_argument("--mlflow-uri", help="tracking URI (default sqlite:///<storage>/mlflow.db)")
+    p.add_argument("--storage", default="./studies",
+                   help="where studies live: a folder (default ./studies) or a bucket URI, s3://bucket/prefix, "
+                        "gs://bucket/prefix")
+    p.add_argument("--mlflow-uri", help="tracking URI (default sqlite:///<storage>/mlflow.db; for a bucket "
+                                        "sqlite:///./studies/mlflow.db, its artifacts in the bucket)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
@@ -140,10 +144,12 @@ def main(argv=None) -> int:
         where = "" if isinstance(e, InputFileError) else f"{args.space}: "  # it names file:line:col
         print(f"error: {where}{describe_errors(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from study import storage as store
+
     address = args.address or os.environ.get("RAY_ADDRESS")
-    storage = os.path.abspath(args.storage)
-    study_dir = os.path.join(storage, spec.name)
-    tune_dir = os.path.join(study_dir, "tune")
+    storage = store.absolute(args.storage)
+    study_dir = store.join(storage, spec.name)
+    tune_dir = store.join(study_dir, "tune")
     concurrency = default_concurrency(spec, cluster_cpus(address))
     if args.dry_run:
         lines = plan_lines(spec, concurrency)
@@ -159,11 +165,17 @@ def main(argv=None) -> int:
     if shortfall:
         print(f"error: {args.space}: {shortfall}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if os.path.exists(tune_dir) and not args.resume:
+    try:  # an unreachable or unauthorised bucket stops here, before any trial
+        store.check_writable(storage)
+        found = store.exists(tune_dir)
+    except store.StorageError as e:
+        print(f"error: --storage: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if found and not args.resume:
         print(f"error: study {spec.name!r} already exists in {study_dir}; pass --resume to continue it, "
               "or choose another --storage or name", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.resume and not os.path.exists(tune_dir):
+    if args.resume and not found:
         print(f"error: --resume: no study {spec.name!r} in {study_dir}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if not address:
@@ -177,8 +189,13 @@ def main(argv=None) -> int:
         os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
     from study.tuning import run_study
 
-    os.makedirs(study_dir, exist_ok=True)
-    tracking_uri = args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
+    if store.is_uri(storage):  # a SQLite store cannot live in a bucket: beside the driver, artifacts in the bucket
+        local_db = os.path.abspath("studies")
+        os.makedirs(local_db, exist_ok=True)
+        tracking_uri = args.mlflow_uri or f"sqlite:///{local_db}/mlflow.db"
+    else:
+        os.makedirs(study_dir, exist_ok=True)
+        tracking_uri = args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
     print("\n".join(plan_lines(spec, concurrency)), flush=True)
     try:
         summary, failed = run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume)
@@ -188,7 +205,7 @@ def main(argv=None) -> int:
 
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"\nresults: {study_dir}/results.csv\nMLflow:  mlflow ui --backend-store-uri {tracking_uri}")
+    print(f"\nresults: {store.join(study_dir, 'results.csv')}\nMLflow:  mlflow ui --backend-store-uri {tracking_uri}")
     if not failed:
         return 0
     lines = [f"error: {len(failed)} trial(s) failed:"]

@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from study.spec import StudySpec, flat_params
+from study.storage import uri_of
 
 PARENT_TAG = "study.parent"
 TRIAL_TAG = "tune.trial_id"
@@ -167,7 +168,7 @@ class StudyTracker(Callback):
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         run_id = self._child(trial)
         if run_id not in self.sealed:  # `python -m study.loss_gap --mlflow-run` finds the model here
-            self.client.set_tag(run_id, "checkpoint", checkpoint.path)
+            self.client.set_tag(run_id, "checkpoint", uri_of(checkpoint.filesystem, checkpoint.path))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._child(trial)
@@ -185,6 +186,19 @@ class StudyTracker(Callback):
         self.client.set_terminated(run_id, "FAILED")
 
     # --- the study ------------------------------------------------------------------------
+    def drop_orphans(self, trial_ids: set[str]) -> list[str]:
+        """Delete this study's unfinished child runs of trials the experiment does not know: on a
+        bucket the experiment state is uploaded in the background, so a driver killed right after
+        a trial started can leave that trial's run behind while the restored experiment redoes the
+        work as a new trial. Finished runs are never dropped. Returns the deleted run ids."""
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = "
+                                       f"'{self.parent_id}'", max_results=50000)
+        dropped = [r.info.run_id for r in runs
+                   if r.data.tags.get(TRIAL_TAG) not in trial_ids and r.info.status != "FINISHED"]
+        for run_id in dropped:
+            self.client.delete_run(run_id)
+        return dropped
+
     def finish(self, status: str, artifacts: dict[str, str] | None = None) -> None:
         """End the study's runs: children still running are KILLED (interrupted)."""
         for run_id in self.children.values():

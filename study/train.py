@@ -35,7 +35,12 @@ class Diverged(FloatingPointError):
 
 
 def load_trained(checkpoint_dir: str):
-    """(TrialConfig, task, DecoderLM with the checkpoint's weights) from a trial checkpoint."""
+    """(TrialConfig, task, DecoderLM with the checkpoint's weights) from a trial checkpoint: a
+    folder, or a URI in the study's bucket (copied to a temporary folder first)."""
+    from study import storage
+
+    if storage.is_uri(checkpoint_dir):
+        checkpoint_dir = storage.download_dir(checkpoint_dir, tempfile.mkdtemp(prefix="checkpoint-"))
     cfg = load_trial_config_json(os.path.join(checkpoint_dir, CONFIG_FILE))
     task = cfg.task_obj
     model = cfg.build_model(len(task.vocab))

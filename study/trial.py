@@ -15,7 +15,6 @@ Reporting to Tune keeps intermediate metrics, checkpoints and Tune's own trial r
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -25,6 +24,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from study.storage import join
 from study.train import train_loop_per_worker
 
 TRIAL_KEY = "trial"  # the Tune config holds the full trial config under this key
@@ -79,10 +79,10 @@ def run_trial(config: dict) -> None:
         torch_config=TorchConfig(backend="nccl" if res["gpus_per_worker"] > 0 else "gloo"),
         run_config=RunConfig(
             name=f"train-{context.get_trial_id()}",
-            storage_path=os.path.join(res["storage"], "train"),
+            storage_path=join(res["storage"], "train"),  # a folder or a bucket URI
             callbacks=[TuneReportCallback()],
             failure_config=FailureConfig(max_failures=res["max_failures"]),
-            checkpoint_config=CheckpointConfig(num_to_keep=1),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),  # see study/tuning.py
         ),
     )
     trainer.fit()

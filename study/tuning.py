@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pandas as pd
 
+from study import storage as store
 from study.report import write_report
 from study.spec import StudySpec
 from study.tracking import StudyTracker, error_reason
@@ -71,13 +73,14 @@ def run_study(
     r = spec.resources
     resources = {**r.model_dump(), "storage": study_dir}
     trainable = tune.with_resources(run_trial, trial_resources(resources))
-    # a SQLite store keeps artifacts beside the studies; a tracking server decides for itself
+    # a SQLite store keeps artifacts beside the studies (in the bucket, for a bucket storage); a
+    # tracking server decides for itself
     artifact_location = (
-        os.path.join(os.path.dirname(study_dir), "mlartifacts", spec.name)
+        store.join(os.path.dirname(study_dir), "mlartifacts", spec.name)
         if tracking_uri.startswith("sqlite:") else None
     )
     tracker = StudyTracker(spec, tracking_uri, artifact_location)
-    tune_dir = os.path.join(study_dir, "tune")
+    tune_dir = store.join(study_dir, "tune")
     try:
         if resume:
             tuner = tune.Tuner.restore(tune_dir, trainable, resume_errored=True)
@@ -104,7 +107,11 @@ def run_study(
                     name="tune",
                     storage_path=study_dir,
                     failure_config=tune.FailureConfig(max_failures=r.max_failures),
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                    # 2, not 1: on a bucket Tune uploads its experiment state in the background,
+                    # and with 1 the checkpoint that state names is deleted as soon as the next one
+                    # lands, before the new state is up; a driver killed then cannot resume that
+                    # trial ("does not exist on storage anymore", seen in tests/test_storage.py)
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                     callbacks=[tracker, JsonLoggerCallback(), CSVLoggerCallback()],
                     verbose=1,
                     progress_reporter=tune.CLIReporter(
@@ -131,11 +138,19 @@ def run_study(
              "reason": error_reason(res.error)}
             for res in grid
         ]
-        summary, files = write_report(spec, trials, study_dir)
+        dropped = tracker.drop_orphans({_trial_id(res) for res in grid})
+        if dropped:
+            print(f"mlflow: deleted {len(dropped)} run(s) of trials started before the interruption and "
+                  "not in the restored experiment (their work was redone)", flush=True)
         cells = {c.index: c.label for c in spec.cells()}
         failed = [{"trial_id": t["trial_id"], "cell": cells[t["config"]["cell"]], "reason": t["reason"]}
                   for t in trials if t["status"] == "ERROR"]
-        tracker.finish("FAILED" if failed else "FINISHED", files)
+        with tempfile.TemporaryDirectory(prefix="report-") as tmp:  # a bucket: written here, then copied
+            remote = store.is_uri(study_dir)
+            summary, files = write_report(spec, trials, tmp if remote else study_dir)
+            if remote:
+                store.upload_dir(tmp, study_dir)
+            tracker.finish("FAILED" if failed else "FINISHED", files)
         return summary, failed
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SystemExit: SIGTERM (ray.init's handler)
         tracker.finish("KILLED")
@@ -145,6 +160,13 @@ def run_study(
     except BaseException:
         tracker.finish("FAILED")
         raise
+
+
+def _trial_id(result) -> str:
+    """A Tune result's trial id (from its directory, cell{i}-{id}, when it reported nothing)."""
+    if result.metrics and result.metrics.get("trial_id"):
+        return result.metrics["trial_id"]
+    return os.path.basename(result.path).split("-", 1)[-1]
 
 
 def _trial_name(trial) -> str:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import bucket_keys
 from test_study import (BIN, ENV, ROOT, SMOKE, copy_checkout, head_ports, mlflow_runs, start_head,
                         stop_ray_started_here, wait_for_job_api)
 
@@ -251,7 +252,8 @@ def from_stable_cwd(command: str) -> list[str]:
     return ["bash", "-c", f'cd /tmp && exec {command}']  # FAKE_NODES_SHARE_A_DISK
 
 
-def test_local_autoscaling_rehearsal(tmp_path):
+def test_local_autoscaling_rehearsal(tmp_path, s3):
+    """The study storage is a bucket (an S3 API on 127.0.0.1), as on a cloud cluster, not a shared folder."""
     local = load(LAUNCHER["local"])
     head_type = local["available_node_types"][HEAD]
     # the job's code: a copy of the checkout, with a smoke spec whose every trial needs one GPU
@@ -272,13 +274,13 @@ def test_local_autoscaling_rehearsal(tmp_path):
     local["provider"]["gcs_address"] = f"{ray._private.services.get_node_ip_address()}:{ports['port']}"
     config = Path(ray_tmp) / "local.yaml"
     config.write_text(yaml.safe_dump(local))
-    env = {**ENV, "PYTHONPATH": "", "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-           "RAY_AUTH_MODE": "token"}  # token auth: ENV's RAY_AUTH_TOKEN
+    env = {**ENV, **s3["env"], "PYTHONPATH": "", "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+           "RAY_AUTH_MODE": "token"}  # token auth: ENV's RAY_AUTH_TOKEN; the bucket's endpoint and keys
     head = start_head(env, tmp_path, ray_tmp, f"--autoscaling-config={config}",
                       f"--num-cpus={head_type['resources']['CPU']}", "--num-gpus=0",
                       f"--labels={LABEL}={HEAD}", ports=ports)
     dash = ports["dashboard-port"]
-    storage, db = tmp_path / "studies", tmp_path / "ml.db"
+    storage, db = "s3://studies/rehearsal", tmp_path / "ml.db"
     timings = {}
     try:
         t0 = time.time()
@@ -328,7 +330,11 @@ def test_local_autoscaling_rehearsal(tmp_path):
     _, parents, children = mlflow_runs(db, "smoke_gpu")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
-    assert (storage / "smoke_gpu" / "results.csv").exists()
+    keys = bucket_keys(s3, "rehearsal/")
+    assert "rehearsal/smoke_gpu/results.csv" in keys  # the report, Tune's state and the checkpoints:
+    assert any(k.startswith("rehearsal/smoke_gpu/tune/experiment_state") for k in keys)  # in the bucket
+    assert any("/checkpoint_" in k for k in keys)
+    assert any(k.startswith("rehearsal/mlartifacts/smoke_gpu/") for k in keys)  # and MLflow's artifacts
 
 
 # --- the dry-run plan on a cluster (study/run.py --cluster, when it exists) -------------------

@@ -265,14 +265,12 @@ def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
 
 
 # --- resume after the driver is killed --------------------------------------------------------
-def test_resume_after_the_driver_is_killed(tmp_path):
-    spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 240, "base/eval/every_steps": 40,
-                                   "search/trials_per_cell": 3})
-    storage = tmp_path / "studies"
-    db = storage / "mlflow.db"
-    proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    finished_before = {}
+def kill_when_finished(command: list[str], db: Path, env: dict, cwd: Path, trials: int = 2) -> dict[str, int]:
+    """Start a study and SIGKILL it (the driver and the local Ray it started) once `trials` of its
+    MLflow child runs are FINISHED; returns {run id: end time} of those finished before the kill."""
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    finished = {}
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
@@ -285,12 +283,21 @@ def test_resume_after_the_driver_is_killed(tmp_path):
                                        "where t.key = 'mlflow.parentRunId' and r.status = 'FINISHED'").fetchall()
             except sqlite3.Error:
                 continue
-            if len(rows) >= 2:
-                finished_before = dict(rows)
+            if len(rows) >= trials:
+                finished = dict(rows)
                 break
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    return finished
+
+
+def test_resume_after_the_driver_is_killed(tmp_path):
+    spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 240, "base/eval/every_steps": 40,
+                                   "search/trials_per_cell": 3})
+    storage = tmp_path / "studies"
+    db = storage / "mlflow.db"
+    finished_before = kill_when_finished([*RUN, "--space", str(spec), "--storage", str(storage)], db, ENV, ROOT)
     assert 2 <= len(finished_before) < 6, "the kill should land mid-study"
     client, parents, children = mlflow_runs(db, "resumable")
     parent_before = parents[0].info.run_id

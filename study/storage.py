@@ -1,0 +1,99 @@
+"""Where studies live: a local folder or an object-store URI (`s3://bucket/prefix`, `gs://bucket/prefix`,
+or any URI pyarrow.fs knows).
+
+Ray Tune and Ray Train take the URI itself as their storage path (pyarrow.fs underneath); what the
+platform writes beside them (results.csv, summary.csv, figures) and reads back (the `--resume`
+check, checkpoints for an analysis) goes through these few helpers, so nothing assumes a local
+folder. Credentials and endpoints are the cloud SDKs' own (instance roles, service accounts,
+AWS_* / GOOGLE_APPLICATION_CREDENTIALS; AWS_ENDPOINT_URL for an S3-compatible server), never a file
+of this project's.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pyarrow.fs as pafs
+
+# pyarrow's filesystem type names -> URI schemes (for paths Ray hands back without one)
+SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}
+
+
+class StorageError(OSError):
+    """The storage cannot be used; the message names the URI and what the store answered."""
+
+
+def is_uri(path: str) -> bool:
+    return "://" in str(path)
+
+
+def absolute(storage: str) -> str:
+    """A URI as given (less a trailing slash), a local path made absolute."""
+    return storage.rstrip("/") if is_uri(storage) else os.path.abspath(storage)
+
+
+def join(base: str, *parts: str) -> str:
+    if is_uri(base):
+        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+    return os.path.join(base, *parts)
+
+
+def resolve(path: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for a URI or a local path."""
+    if is_uri(path):
+        try:
+            return pafs.FileSystem.from_uri(path)
+        except (ValueError, OSError) as e:  # pyarrow: ArrowInvalid (a ValueError) or an OSError
+            raise StorageError(f"{path}: {e}") from None
+    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+def exists(path: str) -> bool:
+    fs, inner = resolve(path)
+    try:
+        return fs.get_file_info(inner).type != pafs.FileType.NotFound
+    except OSError as e:
+        raise StorageError(f"{path}: {e}") from None
+
+
+def upload_dir(local_dir: str, dest: str) -> None:
+    """Copy a local folder's files to `dest` (a URI or a local folder)."""
+    fs, inner = resolve(dest)
+    fs.create_dir(inner, recursive=True)
+    pafs.copy_files(local_dir, inner, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+def download_dir(source: str, local_dir: str) -> str:
+    """Copy the files under `source` into `local_dir`; returns local_dir."""
+    fs, inner = resolve(source)
+    os.makedirs(local_dir, exist_ok=True)
+    pafs.copy_files(inner, local_dir, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+    return local_dir
+
+
+def check_writable(path: str) -> None:
+    """Write, read back and delete a small probe object under `path`, so that an unreachable or
+    unauthorised bucket stops a study before any trial starts (not after its first checkpoint)."""
+    fs, inner = resolve(path)
+    probe = f"{inner.rstrip('/')}/.write-probe-{uuid.uuid4().hex}"
+    try:
+        if not is_uri(path):
+            fs.create_dir(inner, recursive=True)
+        with fs.open_output_stream(probe) as out:
+            out.write(b"ok")
+        with fs.open_input_stream(probe) as f:
+            if f.read() != b"ok":
+                raise OSError("the probe object read back different bytes")
+        fs.delete_file(probe)
+    except OSError as e:
+        raise StorageError(f"{path}: cannot write there: {str(e).splitlines()[0]}") from None
+
+
+def uri_of(filesystem: pafs.FileSystem | None, path: str) -> str:
+    """A full URI for a path Ray reports together with its filesystem (a checkpoint on S3 comes
+    back as `bucket/prefix/...`): what an MLflow tag must hold to be found again."""
+    if filesystem is None or isinstance(filesystem, pafs.LocalFileSystem) or is_uri(path):
+        return path
+    scheme = SCHEMES.get(filesystem.type_name, filesystem.type_name)
+    return f"{scheme}://{path}"
