@@ -165,8 +165,9 @@ def main(argv=None) -> int:
     if shortfall:
         print(f"error: {args.space}: {shortfall}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:  # an unreachable or unauthorised bucket stops here, before any trial
-        store.check_writable(storage)
+    try:  # an unreachable or unauthorised bucket stops here, before any trial (a folder: made later)
+        if store.is_uri(storage):
+            store.check_writable(storage)
         found = store.exists(tune_dir)
     except store.StorageError as e:
         print(f"error: --storage: {e}", file=sys.stderr)

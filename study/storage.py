@@ -78,7 +78,7 @@ def check_writable(path: str) -> None:
     fs, inner = resolve(path)
     probe = f"{inner.rstrip('/')}/.write-probe-{uuid.uuid4().hex}"
     try:
-        if not is_uri(path):
+        if not is_uri(path):  # a folder must exist to hold the probe
             fs.create_dir(inner, recursive=True)
         with fs.open_output_stream(probe) as out:
             out.write(b"ok")
