@@ -339,6 +339,16 @@ def hf_tokens(path: str, text_tokens_fallback: np.ndarray) -> np.ndarray:
     return np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
 
 
+def add_model_source(parser, hf_help: str) -> None:
+    """The CLIs' (this one's and study.sparsity's) choice of model: a checkpoint, an MLflow trial
+    run or a Hugging Face folder."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a trial checkpoint folder or bucket URI (holds trial_config.json)")
+    src.add_argument("--mlflow-run", help="an MLflow trial run id (its `checkpoint` tag)")
+    src.add_argument("--hf", help=hf_help)
+    parser.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db")
+
+
 def checkpoint_of_run(uri: str, run_id: str):
     """(MlflowClient, run id, checkpoint folder) for the CLIs' --mlflow-run: a trial run's
     `checkpoint` tag (study/tracking.py) is where its model was stored."""
@@ -358,11 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     p = argparse.ArgumentParser(prog="python -m study.loss_gap", description=__doc__.split("\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a trial checkpoint folder (holds trial_config.json)")
-    src.add_argument("--mlflow-run", help="an MLflow trial run id (its `checkpoint` tag)")
-    src.add_argument("--hf", help="a local Hugging Face causal-LM folder")
-    p.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db")
+    add_model_source(p, "a local Hugging Face causal-LM folder")
     p.add_argument("--corpus", help="text to analyse (default: the trial's corpus; stdlib for --hf)")
     p.add_argument("--long-context", type=int, default=256)
     p.add_argument("--short-context", type=int, default=32)

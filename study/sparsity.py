@@ -33,10 +33,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from study.loss_gap import ResampleScorer, TargetScorer, analyze_window, checkpoint_of_run, sample_windows
-
-K_BEYOND = "k_max + 1"  # what `k` holds for a target no k <= k_max recovers (see `summarize`)
-
+from study.loss_gap import (ResampleScorer, TargetScorer, add_model_source, analyze_window, checkpoint_of_run,
+                             sample_windows)
 
 @dataclass
 class Target:
@@ -113,7 +111,7 @@ def measure(model, targets: list[Target], *, ablation: str, short_context: int, 
         recs = analyze_window(scorer, window, cfg, ids)
         rows.append({"target": i, "kind": tgt.kind, "length": tgt.length, "k_task": tgt.k_task,
                      **_k_needed(recs, recover, min_gap, k_max),
-                     **_against_plant(tgt, recs, scorer, window, short_context, recover, min_gap, k_max)})
+                     **_against_plant(tgt, scorer, window, short_context)})
         if progress is not None and (time.perf_counter() - last > 10 or i + 1 == len(targets)):
             last = time.perf_counter()
             progress(i + 1, len(targets), last - start)
@@ -143,7 +141,7 @@ def _k_needed(recs: list[dict], recover: float, min_gap: float, k_max: int) -> d
     return {**base, "flat": False, "k": k_max + 1, "recovered": recs[-1]["recovered"], "chosen": recs[-1]["positions"]}
 
 
-def _against_plant(tgt: Target, recs, scorer, window, short_context: int, recover, min_gap, k_max) -> dict:
+def _against_plant(tgt: Target, scorer, window: torch.Tensor, short_context: int) -> dict:
     """The planted tokens the meter can find: among its candidates (before the short window) and,
     for resample, tokens with a value class."""
     if tgt.planted is None:
@@ -261,20 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     p = argparse.ArgumentParser(prog="python -m study.sparsity", description=__doc__.split("\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a trial checkpoint folder (holds trial_config.json)")
-    src.add_argument("--mlflow-run", help="an MLflow trial run id (its `checkpoint` tag)")
-    src.add_argument("--hf", help="a local Hugging Face causal-LM folder (text; hide only)")
-    p.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db")
+    add_model_source(p, "a local Hugging Face causal-LM folder (text; hide only)")
     p.add_argument("--corpus", help="text for --hf (default: stdlib)")
-    p.add_argument("--method", default="occlusion", choices=["occlusion", "greedy", "gain", "attention"])
-    p.add_argument("--ablation", default="auto", choices=["auto", "resample", "hide"])
-    p.add_argument("--targets", type=int, default=256)
-    p.add_argument("--k-max", type=int, default=8)
-    p.add_argument("--recover", type=float, default=0.9)
-    p.add_argument("--draws", type=int, default=16)
+    # the meter's settings: SparsitySpec's fields, its defaults where a flag is not given
+    p.add_argument("--method", choices=["occlusion", "greedy", "gain", "attention"], help="default occlusion")
+    p.add_argument("--ablation", choices=["auto", "resample", "hide"], help="default auto")
+    p.add_argument("--targets", type=int, help="default 256")
+    p.add_argument("--k-max", type=int, help="default 8")
+    p.add_argument("--recover", type=float, help="default 0.9")
+    p.add_argument("--draws", type=int, help="default 16")
     p.add_argument("--short-context", type=int)
-    p.add_argument("--long-context", type=int, default=256, help="text: tokens before the target")
+    p.add_argument("--long-context", type=int, help="text: tokens before the target (default 256)")
     p.add_argument("--length", type=int, help="synthetic: measure at this length (default: the train mix)")
     p.add_argument("--k", type=int, help="synthetic k-tasks: measure at this k")
     p.add_argument("--seed", type=int, default=0)
@@ -286,9 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     from study.config import SparsitySpec, describe_errors
 
     try:
-        spec = SparsitySpec(method=args.method, ablation=args.ablation, targets=args.targets, k_max=args.k_max,
-                            recover=args.recover, draws=args.draws, short_context=args.short_context,
-                            long_context=args.long_context, length=args.length, k=args.k)
+        spec = SparsitySpec(**{k: v for k, v in vars(args).items() if k in SparsitySpec.model_fields and v is not None})
     except ValidationError as e:
         print(f"error: {describe_errors(e)}", file=sys.stderr)
         return 2

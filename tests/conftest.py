@@ -45,20 +45,16 @@ def s3():
     proc, url = start_s3_server()
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": url, "AWS_EC2_METADATA_DISABLED": "true"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # this process too (pyarrow and boto3 read them)
     try:
-        import boto3
+        with pytest.MonkeyPatch.context() as mp:  # this process too (pyarrow and boto3 read them)
+            for k, v in env.items():
+                mp.setenv(k, v)
+            import boto3
 
-        client = boto3.client("s3")
-        client.create_bucket(Bucket="studies")
-        yield {"url": url, "env": env, "bucket": "studies", "client": client}
+            client = boto3.client("s3")
+            client.create_bucket(Bucket="studies")
+            yield {"url": url, "env": env, "bucket": "studies", "client": client}
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         proc.terminate()
         proc.wait(timeout=30)
 
