@@ -54,14 +54,22 @@ class ModelConfig:
 KVCache = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def rope_rotate(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotate pairs of channels of x [B, H, T, D] by angles position_id * base^(-2i/D)."""
-    d = x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    angles = position_ids[:, None, :, None].float() * inv_freq  # [B, 1, T, D/2]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+def rope_cos_sin(position_ids: torch.Tensor, d: int, base: float, dtype: torch.dtype):
+    """cos and sin [B, 1, T, D/2] of the angles position_id * base^(-2i/D) (once per forward)."""
+    inv_freq = base ** (-torch.arange(0, d, 2, device=position_ids.device, dtype=torch.float32) / d)
+    angles = position_ids[:, None, :, None].float() * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the channel pairs (2i, 2i+1) of x [B, H, T, D] by the angles of `rope_cos_sin`."""
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+def rope_rotate(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotate pairs of channels of x [B, H, T, D] by angles position_id * base^(-2i/D)."""
+    return apply_rope(x, *rope_cos_sin(position_ids, x.shape[-1], base, x.dtype))
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -77,7 +85,6 @@ class Attention(nn.Module):
         self.n_heads = cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
         # analyses set this to True to keep the last query's attention weights [B, H, Tk]
         self.record_last_query = False
         self.last_query_attention: torch.Tensor | None = None
@@ -85,33 +92,21 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        position_ids: torch.Tensor,
-        mask: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        key_ids: torch.Tensor,
+        bias: torch.Tensor | None,
         causal: bool,
         cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """rope: this call's (cos, sin); key_ids: the ids of every key, cached ones first; bias: the
+        additive attention bias (mask, id window, ALiBi), the same for every layer."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
-        if self.cfg.encoding == "rope":
-            q = rope_rotate(q, position_ids, self.cfg.rope_base)
-            k = rope_rotate(k, position_ids, self.cfg.rope_base)
-        key_ids = position_ids
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k = torch.cat([cache[0], k], dim=2)
             v = torch.cat([cache[1], v], dim=2)
-            key_ids = torch.cat([cache[2], position_ids], dim=1)
-        bias = mask
-        if self.cfg.id_window is not None:
-            far = (position_ids[:, :, None] - key_ids[:, None, :]).abs() > self.cfg.id_window  # [B,Tq,Tk]
-            heads = self.n_heads if self.cfg.id_window_heads is None else self.cfg.id_window_heads
-            local = torch.arange(self.n_heads, device=x.device) < heads
-            window = torch.zeros(far.shape[0], self.n_heads, *far.shape[1:], dtype=q.dtype, device=x.device)
-            window = window.masked_fill(far[:, None] & local[None, :, None, None], float("-inf"))
-            bias = window if bias is None else bias + window
-        if self.cfg.encoding == "alibi":
-            dist = (position_ids[:, :, None] - key_ids[:, None, :]).abs().to(q.dtype)  # [B, Tq, Tk]
-            alibi = -self.slopes.to(q.dtype)[None, :, None, None] * dist[:, None]
-            bias = alibi if bias is None else bias + alibi
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=bias, is_causal=causal, dropout_p=self.cfg.dropout if self.training else 0.0
         )
@@ -133,8 +128,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, position_ids, mask, causal, cache):
-        a, new_cache = self.attn(self.ln1(x), position_ids, mask, causal, cache)
+    def forward(self, x, rope, key_ids, bias, causal, cache):
+        a, new_cache = self.attn(self.ln1(x), rope, key_ids, bias, causal, cache)
         x = x + self.drop(a)
         x = x + self.drop(self.mlp(self.ln2(x)))
         return x, new_cache
@@ -151,6 +146,7 @@ class DecoderLM(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.pos_head = nn.Linear(cfg.d_model, cfg.n_position_classes) if cfg.position_head else None
+        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
         self.apply(self._init_weights)
 
     @staticmethod
@@ -185,13 +181,36 @@ class DecoderLM(nn.Module):
         # Plain causal attention takes SDPA's fused is_causal path; anything else an additive mask.
         causal = visible is None and past == 0 and self.cfg.encoding != "alibi" and self.cfg.id_window is None
         mask = None if causal else self._attention_mask(B, T, past, visible, x.device, x.dtype)
+        # what depends on the ids only is computed once here, not once per layer
+        key_ids = position_ids if cache is None else torch.cat([cache[0][2], position_ids], dim=1)
+        bias = self._id_bias(position_ids, key_ids, mask, x.dtype)
+        rope = None
+        if self.cfg.encoding == "rope":
+            rope = rope_cos_sin(position_ids, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base, x.dtype)
         new_cache: KVCache = []
         for i, block in enumerate(self.blocks):
-            x, layer_cache = block(x, position_ids, mask, causal, None if cache is None else cache[i])
+            x, layer_cache = block(x, rope, key_ids, bias, causal, None if cache is None else cache[i])
             new_cache.append(layer_cache)
         x = self.ln_f(x)
         pos_logits = self.pos_head(x) if self.pos_head is not None else None
         return self.lm_head(x), pos_logits, new_cache
+
+    def _id_bias(self, position_ids, key_ids, mask, dtype) -> torch.Tensor | None:
+        """mask + the id window's -inf (its heads) + ALiBi's -slope * |id_q - id_k|: [B, H|1, Tq, Tk]."""
+        bias = mask
+        if self.cfg.id_window is not None:
+            far = (position_ids[:, :, None] - key_ids[:, None, :]).abs() > self.cfg.id_window  # [B,Tq,Tk]
+            H = self.cfg.n_heads
+            heads = H if self.cfg.id_window_heads is None else self.cfg.id_window_heads
+            local = torch.arange(H, device=far.device) < heads
+            window = torch.zeros(far.shape[0], H, *far.shape[1:], dtype=dtype, device=far.device)
+            window = window.masked_fill(far[:, None] & local[None, :, None, None], float("-inf"))
+            bias = window if bias is None else bias + window
+        if self.cfg.encoding == "alibi":
+            dist = (position_ids[:, :, None] - key_ids[:, None, :]).abs().to(dtype)  # [B, Tq, Tk]
+            alibi = -self.slopes.to(dtype)[None, :, None, None] * dist[:, None]
+            bias = alibi if bias is None else bias + alibi
+        return bias
 
     @staticmethod
     def _attention_mask(B, T, past, visible, device, dtype) -> torch.Tensor | None:

@@ -11,6 +11,7 @@ Both save and restore with the experiment, so `--resume` continues the same sear
 from __future__ import annotations
 
 import pickle
+import time
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
 from ray.tune.search import Searcher
@@ -65,6 +66,9 @@ class CellSearcher(Searcher):
             "params": params,
             "trial": self.spec.trial_config(cell, params, seed),
             "resources": self.resources,
+            # with max_concurrent_trials Tune asks for a trial when a slot is free: the trial's
+            # start-up is measured from here (study/tracking.py, startup/from_schedule_s)
+            "scheduled_at": time.time(),
         }
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:

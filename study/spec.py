@@ -120,6 +120,8 @@ class ResourcesSpec(Strict):
     bf16: bool = False
     max_concurrent_trials: int | None = Field(None, ge=1, description="default: what the cluster fits")
     max_failures: int = Field(1, ge=0, description="retries of a failed trial from its last checkpoint")
+    warm_processes: bool = Field(True, description="a trial's process takes the study's next trial (its "
+                                 "imports and process group are ready); false: a fresh process per trial")
 
     @model_validator(mode="after")
     def _ray_accepts(self) -> "ResourcesSpec":

@@ -62,6 +62,11 @@ class StudyTracker(Callback):
         # MLflow's record and Tune's): their record is complete and is left exactly as it is
         self.sealed: set[str] = set()
         self.cells = {c.index: c for c in spec.cells()}
+        # study/snapshots.py: runs of completed trials wait here until Tune's state says so in storage
+        self.finishing: list[str] = []
+        self.due = False
+        self.session_start = time.time()
+        self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment; the client is rebuilt
         return {k: v for k, v in self.__dict__.items() if k != "client"}
@@ -102,6 +107,7 @@ class StudyTracker(Callback):
         return run_id
 
     def on_trial_start(self, iteration, trials, trial, **info):
+        self.starts[trial.trial_id] = self.starts.get(trial.trial_id, 0) + 1
         self._child(trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
@@ -115,6 +121,10 @@ class StudyTracker(Callback):
             for k, v in result.items()
             if _is_metric(k, v)
         ]
+        scheduled_at, first_step_at = trial.config.get("scheduled_at", 0), result.get("startup/first_step_at")
+        if first_step_at and scheduled_at > self.session_start and self.starts.get(trial.trial_id) == 1:
+            # the whole start-up of a trial's first attempt: Ray's actor, the Ray Train workers, the loop's
+            metrics.append(Metric("startup/from_schedule_s", first_step_at - scheduled_at, now, step))
         records = result.get("eval_records")
         if records:
             metrics += self._extrapolation_metrics(records, now)
@@ -166,16 +176,29 @@ class StudyTracker(Callback):
         return out
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        self.due = True  # the state must name this checkpoint before the one it names is deleted
         run_id = self._child(trial)
         if run_id not in self.sealed:  # `python -m study.loss_gap --mlflow-run` finds the model here
             self.client.set_tag(run_id, "checkpoint", uri_of(checkpoint.filesystem, checkpoint.path))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
+        self.due = True
         run_id = self._child(trial)
-        if run_id not in self.sealed:
+        if run_id not in self.sealed:  # FINISHED once the snapshot saying so is in storage
+            self.finishing.append(run_id)
+
+    # --- study/snapshots.py's listener ------------------------------------------------------
+    def snapshot_due(self) -> bool:
+        return self.due
+
+    def on_snapshot(self) -> None:
+        for run_id in self.finishing:
             self.client.set_terminated(run_id, "FINISHED")
+        self.finishing.clear()
+        self.due = False
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        self.due = True
         run_id = self._child(trial)
         reason = ""
         if trial.error_file and os.path.exists(trial.error_file):  # written locally before this call
@@ -186,18 +209,29 @@ class StudyTracker(Callback):
         self.client.set_terminated(run_id, "FAILED")
 
     # --- the study ------------------------------------------------------------------------
-    def drop_orphans(self, trial_ids: set[str]) -> list[str]:
-        """Delete this study's unfinished child runs of trials the experiment does not know: on a
-        bucket the experiment state is uploaded in the background, so a driver killed right after
-        a trial started can leave that trial's run behind while the restored experiment redoes the
-        work as a new trial. Finished runs are never dropped. Returns the deleted run ids."""
+    def reconcile(self, terminated: set[str], known: set[str]) -> list[str]:
+        """Make the MLflow record agree with the experiment Tune finished with.
+
+        A trial started after the last snapshot of a driver that was killed is unknown to the
+        restored experiment, which redoes its work as a new trial: its unfinished run is deleted
+        (a run is FINISHED only once a snapshot knows it, so no finished run is ever unknown). A
+        driver killed between a snapshot and the FINISHED mark leaves the run of a terminated trial
+        unfinished: it is marked FINISHED. Returns the deleted run ids."""
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = "
                                        f"'{self.parent_id}'", max_results=50000)
-        dropped = [r.info.run_id for r in runs
-                   if r.data.tags.get(TRIAL_TAG) not in trial_ids and r.info.status != "FINISHED"]
-        for run_id in dropped:
-            self.client.delete_run(run_id)
+        dropped = []
+        for r in runs:
+            trial_id, status = r.data.tags.get(TRIAL_TAG), r.info.status
+            if trial_id not in known and status != "FINISHED":
+                self.client.delete_run(r.info.run_id)
+                dropped.append(r.info.run_id)
+            elif trial_id in terminated and status != "FINISHED":
+                self.client.set_terminated(r.info.run_id, "FINISHED")
         return dropped
+
+    def log_study_metrics(self, metrics: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
 
     def finish(self, status: str, artifacts: dict[str, str] | None = None) -> None:
         """End the study's runs: children still running are KILLED (interrupted)."""
@@ -217,8 +251,8 @@ def error_reason(error) -> str:
 
 def _is_metric(key: str, value) -> bool:
     if key in ("step", "training_iteration", "timestamp", "time_this_iter_s", "time_total_s",
-               "pid", "done", "iterations_since_restore", "time_since_restore"):
-        return False
+               "pid", "done", "iterations_since_restore", "time_since_restore") or key.endswith("_at"):
+        return False  # Tune's bookkeeping; *_at: wall-clock times, not quantities to plot
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -30,6 +30,37 @@ from study.session import LocalSession, Session, StaleBuildLock, setup_distribut
 CONFIG_FILE = "trial_config.json"
 
 
+# what a trial reports that measures the machine, not the model: runs of one config and seed agree
+# on every other metric
+TIMING_KEYS = ("tokens_per_s",)
+TIMING_PREFIXES = ("time/", "startup/")
+
+
+def is_timing(key: str) -> bool:
+    return key in TIMING_KEYS or key.startswith(TIMING_PREFIXES)
+
+
+class StageClock:
+    """A trial's start-up, stage by stage (`startup/{stage}_s`), from entering the loop to the end
+    of its first training step (`startup/total_s`). `startup/first_step_at` is that moment's wall
+    time: the driver adds the time from scheduling the trial to it (study/tracking.py)."""
+
+    def __init__(self):
+        self.t = time.time()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, stage: str) -> None:
+        now = time.time()
+        self.laps[stage] = now - self.t
+        self.t = now
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"startup/{k}_s": v for k, v in self.laps.items()}
+        if "first_step" in self.laps:
+            out.update({"startup/total_s": sum(self.laps.values()), "startup/first_step_at": self.t})
+        return out
+
+
 class Diverged(FloatingPointError):
     """The training loss became NaN or infinite: every later step is wasted, so the trial stops."""
 
@@ -110,18 +141,24 @@ def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
 
 def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = None) -> dict:
     """Train and evaluate one trial. Returns {"metrics": final metrics, "records": grid records}."""
+    clock = StageClock()
     cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
     session = session or LocalSession()
     import deepspeed
 
+    clock.lap("imports")  # in a warm process (study/trial.py) these are done already
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world, device = setup_distributed()
+    clock.lap("distributed")
     task = cfg.task_obj
+    clock.lap("task")
     torch.manual_seed(cfg.seed)
     model = cfg.build_model(len(task.vocab))
+    clock.lap("model")
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=deepspeed_config(cfg, world)
     )
+    clock.lap("engine")
     pos, w = cfg.positional, cfg.positional.position_loss_weight
     micro = cfg.optim.batch_size // world
 
@@ -129,31 +166,38 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     val_rng = np.random.default_rng([cfg.seed, 104729, rank])
     n_val, bs = -(-cfg.eval.val_samples // world), cfg.eval.batch_size
     val_batches = [task.validation_sample(min(bs, n_val - i), val_rng) for i in range(0, n_val, bs)]
+    clock.lap("data")
 
     start, client = 0, {}
     with session.restore_dir() as ckpt:
         if ckpt is not None:
             _, client = engine.load_checkpoint(ckpt, tag="checkpoint")
             start = int(client["step"])
+    clock.lap("restore")
     if "final" in client:  # restored after the last report (the driver died before noting it): resend
         final = client["final"]
         _report(session, engine, final, start, cfg, final=True)
         return {"metrics": {k: v for k, v in final.items() if k != "eval_records"}, "records": final["eval_records"]}
 
     parts: dict = {}
-    t0, tokens_seen = time.time(), 0
+    tokens_seen, train_s, eval_s = 0, 0.0, 0.0
     engine.train()
 
     def progress(step: int) -> dict:
-        return {
+        nonlocal eval_s
+        t = time.time()
+        out = {
             "step": step,
             **parts,
             "lr": float(engine.lr_scheduler.get_last_lr()[0]),
-            "tokens_per_s": tokens_seen * world / max(time.time() - t0, 1e-9),
+            "tokens_per_s": tokens_seen * world / max(train_s, 1e-9),
             **validate(engine, model, val_batches, pos.ids, w, device),
         }
+        eval_s += time.time() - t
+        return {**out, **clock.metrics(), "time/train_s": train_s, "time/eval_s": eval_s}
 
     for step in range(start + 1, cfg.optim.steps + 1):
+        t = time.time()
         batch = task.sample(micro, np.random.default_rng([cfg.seed, rank, step]))
         ids = training_ids(pos.ids, batch.position_ids, batch.seq_len, pos.max_position,
                            np.random.default_rng([cfg.seed, rank, step, 1]), pos.shift, pos.pose_chunks)
@@ -165,10 +209,14 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         engine.backward(loss)
         engine.step()
         tokens_seen += int(batch.seq_len.sum())
+        train_s += time.time() - t
+        if step == start + 1:
+            clock.lap("first_step")
         if step % cfg.eval.every_steps == 0 and step < cfg.optim.steps:
             _report(session, engine, progress(step), step, cfg)
     # the last report: validation and the extrapolation grid (also when resumed at the very end)
     metrics = progress(cfg.optim.steps)
+    t = time.time()
     records = evaluate_grid(
         engine.module, task, pos.ids, cfg.grid(), cfg.eval.samples_per_cell, cfg.eval.batch_size,
         cfg.seed, rank, world, device,
@@ -186,6 +234,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
 
         meter, extra["sparsity_targets"] = sparsity_metrics(engine.module, task, cfg, device)
         metrics.update(meter)
+    metrics["time/eval_s"] += time.time() - t  # the grid and the meters: measuring is evaluating
     _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True)
     return {"metrics": metrics, "records": records}
 

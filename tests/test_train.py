@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from study.config import TrialConfig, describe_errors
-from study.train import train_loop_per_worker
+from study.train import is_timing, train_loop_per_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,8 +66,7 @@ def test_same_config_and_seed_same_metrics():
     a = train_loop_per_worker(config())
     b = train_loop_per_worker(config())
     c = train_loop_per_worker(config(seed=4))
-    timing = {"tokens_per_s"}
-    strip = lambda m: {k: v for k, v in m.items() if k not in timing}  # noqa: E731
+    strip = lambda m: {k: v for k, v in m.items() if not is_timing(k)}  # noqa: E731
     assert strip(a["metrics"]) == strip(b["metrics"]) and a["records"] == b["records"]
     assert a["metrics"]["val_loss"] != c["metrics"]["val_loss"]
 
@@ -177,7 +176,7 @@ def test_resuming_from_a_checkpoint_reproduces_the_uninterrupted_run(tmp_path, s
     resumed_session = FolderSession(tmp_path / "crash", restore=True)
     resumed = train_loop_per_worker(cfg, resumed_session)
     assert [r["step"] for r in resumed_session.reports] == [8, 12]  # it did not start over
-    drop = lambda m: {k: v for k, v in m.items() if k != "tokens_per_s"}  # noqa: E731
+    drop = lambda m: {k: v for k, v in m.items() if not is_timing(k)}  # noqa: E731
     assert drop(resumed["metrics"]) == drop(whole["metrics"])
     assert resumed["records"] == whole["records"]
 

@@ -1,0 +1,428 @@
+"""The platform's speed, as ratios measured side by side in one run (this machine is shared and noisy).
+
+    python -m benchmarks.suite                      # P1-P4 here, P5 where CUDA is present (~6 min on 2 cores)
+    python -m benchmarks.suite --only P1 P4 --json bench.json
+    python -m benchmarks.suite --compare old.json   # print the ratios next to an earlier run's
+
+- P1 the model's training step, tokens/s against Hugging Face `LlamaForCausalLM` at equal dims
+  and equal non-embedding parameters, per positional encoding, interleaved in one process; and the
+  model's achieved GFLOP/s as a fraction of a plain fp32 matmul of its own MLP's shape.
+- P2 trial start: from Tune scheduling a trial to its first training step, by stage (process
+  start, imports, task, model, `deepspeed.initialize`, first step), for 1- and 2-worker trials.
+- P3 the share of a study's wall time (after Ray has started) spent inside train and eval steps.
+- P4 KV-cached generation against re-running the whole sequence per token at 1x, 2x, 4x the train
+  length; and each task's data generation time as a share of a training step.
+- P5 (CUDA only) bf16 tokens/s and MFU at d_model 1024, 12 layers, T 2048 under DeepSpeed ZeRO-2 on
+  one GPU, eager and `torch.compile`d.
+
+Every ratio is a median over interleaved repeats. Results go to stdout and, with --json, to a file
+a later run can be compared with (--compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from models.decoder import DecoderLM, ModelConfig  # noqa: E402
+
+
+def _timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def step_flops(n_matmul_params: int, n_layers: int, d_model: int, seq: int) -> float:
+    """Training FLOPs per token: 6 per matmul weight (forward 2, backward 4), plus causal
+    attention's QK^T and AV (4 d T/2 forward per layer, x3 with backward)."""
+    return 6 * n_matmul_params + 6 * n_layers * d_model * seq
+
+
+# --- P1 --------------------------------------------------------------------------------------
+def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=256, repeats=7) -> dict:
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:  # `pip install -e ".[hf]"` (or ".[test]") brings it
+        LlamaConfig = None
+
+    torch.manual_seed(0)
+    tokens = torch.randint(0, vocab, (batch, seq + 1))
+    ids = torch.arange(seq)[None].expand(batch, seq)
+    d_ff_llama = round(8 * d_model / 3)  # SwiGLU's 3 matrices hold what a 4x GELU MLP's 2 do
+
+    def ours(encoding):
+        m = DecoderLM(ModelConfig(vocab_size=vocab, max_position=seq, d_model=d_model, n_layers=n_layers,
+                                  n_heads=n_heads, encoding=encoding))
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+
+        def step():
+            logits, _, _ = m(tokens[:, :-1], ids)
+            loss = F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return m, step
+
+    def llama():
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=d_model, intermediate_size=d_ff_llama,
+                          num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_heads,
+                          max_position_embeddings=seq, attn_implementation="sdpa", tie_word_embeddings=False)
+        m = LlamaForCausalLM(cfg)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+
+        def step():
+            out = m(input_ids=tokens[:, :-1], labels=tokens[:, :-1])
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return m, step
+
+    runs = {f"ours_{e}": ours(e) for e in ("nope", "learned", "rope", "alibi")}
+    if LlamaConfig is not None:
+        runs["hf_llama"] = llama()
+    a = torch.randn(batch * seq, d_model)
+    b = torch.randn(d_model, 4 * d_model)
+    runs["matmul"] = (None, lambda: a @ b)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _, step in runs.values():  # warm-up
+        step()
+    for _ in range(repeats):  # interleaved, so a busy moment hits every contender alike
+        for name, (_, step) in runs.items():
+            times[name] += _timed(step, 1)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    tokens_per_step = batch * seq
+    matmul_gflops = 2 * a.shape[0] * a.shape[1] * b.shape[1] / med["matmul"] / 1e9
+    out = {"dims": dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, seq=seq, batch=batch, vocab=vocab),
+           "threads": torch.get_num_threads(), "matmul_gflops": matmul_gflops, "models": {}}
+    for name, (m, _) in runs.items():
+        if m is None:
+            continue
+        n_matmul = sum(p.numel() for n, p in m.named_parameters() if p.dim() == 2 and "emb" not in n
+                       and "embed_tokens" not in n)
+        n_nonemb = sum(p.numel() for n, p in m.named_parameters() if "emb" not in n and "embed_tokens" not in n
+                       and "lm_head" not in n)
+        gflops = step_flops(n_matmul, n_layers, d_model, seq) * tokens_per_step / med[name] / 1e9
+        out["models"][name] = {"tokens_per_s": tokens_per_step / med[name], "non_embedding_params": n_nonemb,
+                               "gflops": gflops, "of_matmul": gflops / matmul_gflops}
+    hf = out["models"].get("hf_llama", {}).get("tokens_per_s", float("nan"))
+    for r in out["models"].values():
+        r["vs_hf_llama"] = r["tokens_per_s"] / hf
+    return out
+
+
+def print_p1(r: dict) -> None:
+    d = r["dims"]
+    print(f"P1 train step, d {d['d_model']} x {d['n_layers']} layers, T {d['seq']}, B {d['batch']}, "
+          f"{r['threads']} threads; fp32 matmul ceiling {r['matmul_gflops']:.1f} GFLOP/s")
+    print(f"  {'model':<14}{'tokens/s':>10}{'vs HF':>8}{'GFLOP/s':>9}{'of matmul':>11}{'non-emb params':>16}")
+    for name, m in r["models"].items():
+        print(f"  {name:<14}{m['tokens_per_s']:>10.0f}{m['vs_hf_llama']:>8.2f}{m['gflops']:>9.1f}"
+              f"{m['of_matmul']:>11.2f}{m['non_embedding_params']:>16,}")
+    if "hf_llama" not in r["models"]:
+        print("  (no Hugging Face Llama to compare with: pip install -e \".[hf]\")")
+
+
+# --- P2 and P3: studies run as a user runs them -----------------------------------------------
+def _run_study(spec: dict, workdir: Path) -> dict:
+    """Run `study/run.py` on a spec; return its trials' `startup/*` and `time/*` metrics and the
+    study's own (from its MLflow record, as the UI shows them) and the driver's wall time."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    path = workdir / f"{spec['name']}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    storage = workdir / "studies"
+    t0 = time.time()
+    out = subprocess.run([sys.executable, str(ROOT / "study/run.py"), "--space", str(path), "--storage", str(storage)],
+                         cwd=workdir, capture_output=True, text=True, timeout=3600)
+    wall = time.time() - t0
+    if out.returncode != 0:
+        raise RuntimeError(f"{spec['name']} failed:\n{out.stderr[-3000:]}")
+    client = MlflowClient(f"sqlite:///{storage}/mlflow.db")
+    exp = client.get_experiment_by_name(spec["name"])
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("study.parent") == "true")
+    trials = [{k: v for k, v in r.data.metrics.items() if k.startswith(("startup/", "time/"))}
+              for r in runs if r is not parent]
+    return {"wall_s": wall, "study": dict(parent.data.metrics), "trials": trials}
+
+
+def _smoke(name: str, **resources) -> dict:
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "search_spaces/smoke.yaml").read_text())
+    spec.update(name=name)
+    spec["base"].pop("sparsity", None)
+    spec["resources"].update(resources)
+    return spec
+
+
+def _median(rows: list[dict], key: str) -> float:
+    values = [r[key] for r in rows if key in r]
+    return statistics.median(values) if values else float("nan")
+
+
+def p2_trial_start() -> dict:
+    """The smoke study (4 trials) with warm processes (the default) and with a fresh process per
+    trial, for 1-worker and 2-worker trials, one after the other."""
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="bench-p2-") as tmp:
+        for workers in (1, 2):
+            for warm in (True, False):
+                name = f"p2_{workers}w_{'warm' if warm else 'cold'}"
+                d = Path(tmp) / name
+                d.mkdir()
+                res = _run_study(_smoke(name, workers_per_trial=workers, warm_processes=warm), d)
+                stages = sorted({k for t in res["trials"] for k in t if k.startswith("startup/")})
+                out[name] = {"workers": workers, "warm": warm, "study_wall_s": res["wall_s"],
+                             "median": {k[len("startup/"):-2]: _median(res["trials"], k) for k in stages},
+                             "from_schedule_s": sorted(t.get("startup/from_schedule_s", float("nan"))
+                                                       for t in res["trials"])}
+    return out
+
+
+def print_p2(r: dict) -> None:
+    print("P2 trial start: scheduled -> end of first training step (smoke study, 4 trials), s")
+    stages = ["imports", "distributed", "task", "model", "engine", "data", "first_step", "total"]
+    print(f"  {'study':<14}{'from schedule (each trial)':<32}" + "".join(f"{s[:9]:>10}" for s in stages)
+          + f"{'wall':>7}")
+    for name, m in r.items():
+        if not isinstance(m, dict):
+            continue
+        each = " ".join(f"{v:.2f}" for v in m["from_schedule_s"])
+        print(f"  {name:<14}{each:<32}" + "".join(f"{m['median'].get(s, float('nan')):>10.2f}" for s in stages)
+              + f"{m['study_wall_s']:>7.0f}")
+    for w in (1, 2):
+        warm, cold = r.get(f"p2_{w}w_warm"), r.get(f"p2_{w}w_cold")
+        if warm and cold:
+            print(f"  {w}-worker trials: median start {statistics.median(warm['from_schedule_s']):.2f} s warm, "
+                  f"{statistics.median(cold['from_schedule_s']):.2f} s cold "
+                  f"({statistics.median(cold['from_schedule_s']) / statistics.median(warm['from_schedule_s']):.0f}x)")
+
+
+def p3_study_share(spec_path: str | None = None) -> dict:
+    """The share of a study's wall time since Ray started that its trials spent in train and eval
+    steps: the default study unless a spec is given."""
+    import yaml
+
+    spec = yaml.safe_load((ROOT / (spec_path or "search_spaces/default.yaml")).read_text())
+    with tempfile.TemporaryDirectory(prefix="bench-p3-") as tmp:
+        res = _run_study(spec, Path(tmp))
+    return {"spec": spec["name"], "study_wall_s": res["wall_s"], **res["study"],
+            "trials": len(res["trials"]), "trial_train_s": sum(t.get("time/train_s", 0) for t in res["trials"]),
+            "trial_eval_s": sum(t.get("time/eval_s", 0) for t in res["trials"])}
+
+
+def print_p3(r: dict) -> None:
+    print(f"P3 study '{r['spec']}', {r['trials']} trials: {r['study_wall_s']:.0f} s in all, "
+          f"{r.get('time/wall_since_ray_s', float('nan')):.0f} s since Ray started; train {r['trial_train_s']:.0f} s + "
+          f"eval {r['trial_eval_s']:.0f} s of trial time = {r.get('time/in_steps_share', float('nan')):.0%} of the "
+          "trial slots' wall time")
+
+
+# --- P4 --------------------------------------------------------------------------------------
+def p4_generation_and_data(repeats: int = 5) -> dict:
+    """Greedy generation with and without the KV cache, and every task's batch generation time
+    against a training step of its own model config (search_spaces/trials)."""
+    import yaml
+
+    from models import generate, training_ids
+    from study.config import TrialConfig
+    from study.evaluate import Tensors, next_token_loss
+
+    out = {"generation": {}, "data": {}}
+    # generation: addition with coupled ids writes as many digits as it reads
+    cfg = TrialConfig.model_validate(yaml.safe_load((ROOT / "search_spaces/trials/addition_coupled.yaml").read_text()))
+    cfg = cfg.model_copy(update={"positional": cfg.positional.model_copy(update={"max_position": 256})})
+    task = cfg.task_obj
+    model = cfg.build_model(len(task.vocab)).eval()
+    for factor in (1, 2, 4):
+        n = task.train_length * factor
+        batch = task.sample(32, np.random.default_rng(factor), length=n)
+        P = int(batch.prompt_len[0])
+        G = int(batch.seq_len[0]) - P
+        tokens, ids = torch.from_numpy(batch.tokens), torch.from_numpy(batch.position_ids)
+        oracle = ids[:, P:]
+
+        def gen(cache):
+            return lambda: generate(model, tokens[:, :P], ids[:, :P], G, "coupled", oracle_ids=oracle, use_cache=cache)
+        cached, uncached = gen(True), gen(False)
+        agree = (cached()[0] == uncached()[0]).float().mean().item()  # the same tokens, or the cache is wrong
+        t = {"cached": [], "uncached": []}
+        for _ in range(repeats):
+            t["cached"] += _timed(cached, 1)
+            t["uncached"] += _timed(uncached, 1)
+        c, u = statistics.median(t["cached"]), statistics.median(t["uncached"])
+        out["generation"][f"{factor}x"] = {"length": n, "new_tokens": G, "cached_s": c, "uncached_s": u,
+                                           "speedup": u / c, "tokens_agree": agree}
+    # data generation as a share of a training step, per task
+    for path in sorted((ROOT / "search_spaces/trials").glob("*.yaml")):
+        cfg = TrialConfig.model_validate(yaml.safe_load(path.read_text()))
+        task = cfg.task_obj
+        model = cfg.build_model(len(task.vocab))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        pos = cfg.positional
+        rng = np.random.default_rng(0)
+
+        def data():
+            b = task.sample(cfg.optim.batch_size, rng)
+            return b, training_ids(pos.ids, b.position_ids, b.seq_len, pos.max_position, rng, pos.shift,
+                                   pos.pose_chunks)
+
+        def step(b_ids=data()):
+            b, ids = b_ids
+            loss, _, _ = next_token_loss(model, model, Tensors.of(b, ids, torch.device("cpu")),
+                                         pos.position_loss_weight)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        step()
+        td, ts = [], []
+        for _ in range(repeats):
+            td += _timed(data, 1)
+            ts += _timed(step, 1)
+        d, s_ = statistics.median(td), statistics.median(ts)
+        out["data"][path.stem] = {"task": task.name, "data_s": d, "step_s": s_, "share": d / (d + s_)}
+    return out
+
+
+def print_p4(r: dict) -> None:
+    print("P4 greedy generation, addition (coupled ids), batch 32: KV cache vs re-running the sequence")
+    for f, g in r["generation"].items():
+        print(f"  {f} train length ({g['length']} digits, {g['new_tokens']} new tokens): cached {g['cached_s']:.3f} s, "
+              f"uncached {g['uncached_s']:.3f} s, {g['speedup']:.1f}x; same tokens: {g['tokens_agree']:.0%}")
+    print("  data generation as a share of (data + train step), each trial config's own batch and model:")
+    for name, d in r["data"].items():
+        print(f"    {name:<28}{d['data_s'] * 1e3:>8.1f} ms data {d['step_s'] * 1e3:>8.1f} ms step {d['share']:>6.1%}")
+
+
+# --- P5 --------------------------------------------------------------------------------------
+def p5_gpu(steps: int = 10) -> dict:
+    """bf16 tokens/s and MFU at d 1024, 12 layers, T 2048 under ZeRO-2 on one GPU, eager and
+    compiled. Needs CUDA: without it, says so."""
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device here; run on a GPU machine (the device tool lends one to some tasks)"}
+    import deepspeed
+
+    from study.session import setup_distributed
+
+    setup_distributed()
+    d, L, H, T, B, V = 1024, 12, 16, 2048, 8, 32000
+    peak = float(os.environ.get("GPU_PEAK_BF16_TFLOPS", "989"))  # H100 SXM dense bf16; H200 the same
+    out = {"dims": dict(d_model=d, n_layers=L, n_heads=H, seq=T, batch=B, vocab=V), "peak_tflops": peak}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = DecoderLM(ModelConfig(vocab_size=V, max_position=T, d_model=d, n_layers=L, n_heads=H, encoding="rope"))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+            "train_batch_size": B, "train_micro_batch_size_per_gpu": B, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+            "steps_per_print": 10**9})
+        fwd = torch.compile(engine.module) if compiled else engine
+        tokens = torch.randint(0, V, (B, T + 1), device="cuda")
+        ids = torch.arange(T, device="cuda")[None].expand(B, T)
+
+        def step():
+            logits, _, _ = fwd(tokens[:, :-1], ids)
+            loss = F.cross_entropy(logits.float().reshape(-1, V), tokens[:, 1:].reshape(-1))
+            engine.backward(loss)
+            engine.step()
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / steps
+        n_matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "emb" not in n)
+        flops = step_flops(n_matmul, L, d, T) * B * T
+        out["compiled" if compiled else "eager"] = {"tokens_per_s": B * T / dt, "tflops": flops / dt / 1e12,
+                                                    "mfu": flops / dt / 1e12 / peak,
+                                                    "max_memory_gb": torch.cuda.max_memory_allocated() / 2**30}
+    out["device"] = torch.cuda.get_device_name()
+    return out
+
+
+def print_p5(r: dict) -> None:
+    if "skipped" in r:
+        print(f"P5 GPU: not run: {r['skipped']}")
+        return
+    print(f"P5 {r['device']}, bf16, ZeRO-2, d 1024 x 12 layers, T 2048, B {r['dims']['batch']}:")
+    for mode in ("eager", "compiled"):
+        m = r[mode]
+        print(f"  {mode:<9}{m['tokens_per_s']:>10.0f} tokens/s {m['tflops']:>7.1f} TFLOP/s  MFU {m['mfu']:.1%}"
+              f"  peak memory {m['max_memory_gb']:.1f} GiB")
+
+
+PARTS = {"P1": (p1_train_step, print_p1), "P2": (p2_trial_start, print_p2), "P3": (p3_study_share, print_p3),
+         "P4": (p4_generation_and_data, print_p4), "P5": (p5_gpu, print_p5)}
+HEADLINES = {  # (part, path into its result, what it is) for --compare
+    "P1 rope vs HF Llama": ("P1", ["models", "ours_rope", "vs_hf_llama"]),
+    "P1 rope of matmul": ("P1", ["models", "ours_rope", "of_matmul"]),
+    "P2 1-worker start, warm (s)": ("P2", ["p2_1w_warm", "median", "total"]),
+    "P3 share in steps": ("P3", ["time/in_steps_share"]),
+    "P4 cache speed-up at 4x": ("P4", ["generation", "4x", "speedup"]),
+}
+
+
+def _dig(d: dict, path: list[str]):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__.split("\n")[0])
+    parser.add_argument("--only", nargs="+", choices=list(PARTS), help="run these parts only")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--compare", help="an earlier --json file: print its headline ratios beside these")
+    parser.add_argument("--p3-spec", help="the study P3 runs (default: search_spaces/default.yaml, ~8 min)")
+    args = parser.parse_args(argv)
+    results = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                           "cuda": torch.cuda.is_available()},
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    for name in args.only or PARTS:
+        run, show = PARTS[name]
+        t0 = time.time()
+        results[name] = run(args.p3_spec) if name == "P3" else run()
+        results[name]["seconds"] = time.time() - t0
+        show(results[name])
+        print(flush=True)
+    if args.compare:
+        before = json.loads(Path(args.compare).read_text())
+        print(f"against {args.compare} ({before.get('started')}):")
+        for label, (part, path) in HEADLINES.items():
+            old, new = _dig(before.get(part, {}), path), _dig(results.get(part, {}), path)
+            if old is not None or new is not None:
+                print(f"  {label:<30}{old if old is None else round(old, 3)!s:>10} -> "
+                      f"{new if new is None else round(new, 3)!s}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
