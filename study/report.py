@@ -1,10 +1,17 @@
 """The study's results as tables and a figure (pandas, matplotlib).
 
 - results.csv: one row per trial x evaluation cell (length, k_test, ids) with the trial's cell
-  factors, searched hyperparameters, seed and metrics.
-- summary: per study cell, the trial selected on the objective (in-distribution validation by
-  default) with its in-distribution and beyond-train-length accuracy.
-- accuracy_vs_length.png: the selected trial of every cell, accuracy against test length.
+  factors, searched hyperparameters, seed, role (search | replica) and metrics.
+- selected.csv: per study cell, the search trial selected on the objective (in-distribution
+  validation by default; ties to the lower val_loss, and how many tied), its config, and the mean
+  and 95% interval over the seeds of that config (the selected trial and its replicas) of the
+  summary metrics.
+- summary.csv: per cell x test length x k_test (the model's own ids), the selected config's answer
+  accuracy and exact match over its seeds: mean, 95% t-interval (Student's t, n - 1 degrees of
+  freedom; none for one seed) and the number of seeds.
+- accuracy_vs_length.png: one panel per cell, the mean with its interval band against test length,
+  a line per k_test, the train length marked; accuracy_by_<factor>.png: per grid factor, its levels
+  on the same axes (the other factors fixed per panel) at the largest k_test <= K_train.
 - sparsity_vs_extrapolation.png (specs with a `sparsity:` section): every trial's measured sparsity
   (median k, study/sparsity.py) against its accuracy (or loss) beyond the train length, the paper's
   thesis as one scatter.
@@ -18,7 +25,8 @@ import pandas as pd
 
 from study.spec import StudySpec
 
-SUMMARY_COLUMNS = ["val_exact", "val_loss", "acc_in_dist", "acc_beyond", "exact_in_dist", "exact_beyond"]
+SUMMARY_COLUMNS = ["val_exact", "val_loss", "acc_in_dist", "acc_beyond", "acc_k_beyond", "exact_in_dist",
+                   "exact_beyond"]
 # kept where a trial reports them: the loss of language models, the sparsity meter's summary
 OPTIONAL_COLUMNS = ["loss_beyond", "sparsity/k_median", "sparsity/k_p90", "sparsity/k_match",
                     "sparsity/precision", "sparsity/recall", "sparsity/targets_flat"]
@@ -37,6 +45,8 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
             **cell.factors,
             **{f"search.{k}": v for k, v in t["config"]["params"].items()},
             "seed": t["config"]["trial"]["seed"],
+            "role": t["config"].get("role", "search"),
+            "selected_from": t["config"].get("selected_from"),
             "status": t["status"],
             **{k: metrics.get(k) for k in [spec.objective.metric, *SUMMARY_COLUMNS]},
             **{k: metrics[k] for k in OPTIONAL_COLUMNS if k in metrics},
@@ -47,55 +57,195 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
 
 
 def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, the trial with the best objective (ties: the lower validation loss)."""
+    """Per cell, the selected trial: with a search the best search trial on the objective (ties:
+    the lower validation loss, `ObjectiveSpec.rank`), without one the cell's first seed; `tied`
+    counts the trials that matched its objective, `seeds` the runs of its config."""
     if results.empty:
         return results
-    metric, ascending = spec.objective.metric, spec.objective.mode == "min"
+    metric = spec.objective.metric
     trials = results.drop_duplicates("trial_id")
-    by = [metric, "val_loss", "trial_id"] if metric != "val_loss" else [metric, "trial_id"]
-    order = [ascending, True, True][: len(by)]
-    best = trials.sort_values(by, ascending=order).groupby("cell", sort=False).head(1)
-    cols = ["cell", "trial_id", "seed", *[c for c in trials.columns if c.startswith("search.")],
-            *dict.fromkeys([metric, *SUMMARY_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in trials]])]
+    rows = []
+    for cell, group in trials.groupby("cell", sort=False):
+        candidates = group[group.role == "search"] if spec.search is not None else group.sort_values("seed")
+        if candidates.empty:
+            continue
+        ranked = sorted(candidates.to_dict("records"),
+                        key=lambda r: spec.objective.rank(r[metric], r["val_loss"], r["trial_id"])
+                        if spec.search is not None else (r["seed"],))
+        best = ranked[0]
+        runs = seed_runs(spec, group, best["trial_id"])
+        best["tied"] = int((candidates[metric] == best[metric]).sum()) if spec.search is not None else 1
+        best["seeds"] = len(runs)
+        for col in [*SUMMARY_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in runs]]:
+            mean, lo, hi, _ = interval(runs[col])
+            best[f"{col}_mean"], best[f"{col}_lo"], best[f"{col}_hi"] = mean, lo, hi
+        rows.append(best)
+    out = pd.DataFrame(rows)
+    keep = ["cell", "trial_id", "seed", *[c for c in out.columns if c.startswith("search.")], metric, "val_loss",
+            "tied", "seeds", *[c for c in out.columns if c.endswith(("_mean", "_lo", "_hi"))]]
     order = {c.label: c.index for c in spec.cells()}
-    return best[cols].sort_values("cell", key=lambda s: s.map(order)).reset_index(drop=True)
+    return out[list(dict.fromkeys(keep))].sort_values("cell", key=lambda s: s.map(order)).reset_index(drop=True)
 
 
-def plot_accuracy(results: pd.DataFrame, selected: pd.DataFrame, path: str, train_lengths: dict) -> str:
-    """One panel per cell (its selected trial): accuracy against test length, a line per k_test."""
+def seed_runs(spec: StudySpec, cell_trials: pd.DataFrame, selected: str) -> pd.DataFrame:
+    """The finished runs of a cell's selected config: the selected trial and its replicas (without
+    a search, every trial of the cell)."""
+    if spec.search is None:
+        runs = cell_trials
+    else:
+        runs = cell_trials[(cell_trials.trial_id == selected) | (cell_trials.selected_from == selected)]
+    return runs[runs.status == "TERMINATED"]
+
+
+def interval(values: pd.Series) -> tuple[float, float, float, int]:
+    """Mean and 95% t-interval over seeds (Student's t with n - 1 degrees of freedom); the interval
+    is NaN for fewer than 2 values."""
+    from scipy import stats
+
+    v = pd.to_numeric(values, errors="coerce").dropna().to_numpy(dtype=float)
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    mean = float(v.mean())
+    if n < 2:
+        return mean, float("nan"), float("nan"), n
+    half = float(stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / n ** 0.5)
+    return mean, mean - half, mean + half, n
+
+
+def summarize_seeds(spec: StudySpec, results: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
+    """Per cell x test length x k_test: the selected config's accuracy over its seeds (the model's
+    own ids: PPC's predicted ids, coupling's oracle ids)."""
+    rows = []
+    for sel in selected.itertuples(index=False):
+        cell_rows = results[results.cell == sel.cell]
+        runs = seed_runs(spec, cell_rows.drop_duplicates("trial_id"), sel.trial_id)
+        rec = cell_rows[cell_rows.trial_id.isin(runs.trial_id)]
+        if rec.empty:
+            continue
+        rec = rec[rec.ids == rec.ids.iloc[0]]
+        for (length, k), g in rec.groupby(["length", "k"], dropna=False, sort=True):
+            acc, lo, hi, n = interval(g.answer_acc)
+            exact, elo, ehi, _ = interval(g.exact_match)
+            rows.append({"cell": sel.cell, "length": length, "k": k, "ids": g.ids.iloc[0],
+                         "in_distribution": bool(g.in_distribution.iloc[0]), "seeds": n,
+                         "answer_acc": acc, "answer_acc_lo": lo, "answer_acc_hi": hi,
+                         "exact_match": exact, "exact_match_lo": elo, "exact_match_hi": ehi})
+    return pd.DataFrame(rows)
+
+
+def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n = len(selected)
+    return plt
+
+
+def _panels(n: int, width: float, height: float):
+    """Up to 3 panels a row, sharing the accuracy axis."""
+    plt = _plt()
     cols = min(3, n)
-    rows_n = -(-n // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False, sharey=True)
-    ks = sorted(k for k in results.k.dropna().unique())
-    cmap = plt.get_cmap("viridis", max(len(ks), 2))
-    for ax, (_, row) in zip(axes.flat, selected.iterrows()):
-        rows = results[results.trial_id == row.trial_id]
-        primary = rows.ids.iloc[0]
-        rows = rows[rows.ids == primary]
-        for k, group in rows.groupby("k", dropna=False):
-            color = "C0" if pd.isna(k) else cmap(ks.index(k))
-            ax.plot(group.length, group.answer_acc, marker="o", color=color,
-                    label="all" if pd.isna(k) else f"k={int(k)}")
-        ax.axvline(train_lengths.get(row.trial_id, 0), color="grey", ls=":", lw=1)
-        ax.set_title(row.cell + ("" if primary == "sequential" else f" ({primary} ids)"), fontsize=8)
+    fig, axes = plt.subplots(-(-n // cols), cols, figsize=(width * cols, height * -(-n // cols)), squeeze=False,
+                             sharey=True)
+    return plt, fig, axes
+
+
+def _save(plt, fig, axes, used: int, path: str, bottom: float, ncol: int, **legend) -> str:
+    """Accuracy-against-length axes, one legend under the panels, the file written."""
+    for ax in list(axes.flat)[:used]:
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("test length (dotted: train length)", fontsize=8)
     for ax in axes[:, 0]:
-        ax.set_ylabel("answer accuracy")
-    for ax in list(axes.flat)[n:]:
+        ax.set_ylabel("answer accuracy (mean, 95% band)")
+    for ax in list(axes.flat)[used:]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 8), fontsize=8)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), ncol), fontsize=8, **legend)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _band(ax, g: pd.DataFrame, label: str, color, y: str = "answer_acc") -> None:
+    ax.plot(g.length, g[y], marker="o", ms=3, color=color, label=label)
+    if g[f"{y}_lo"].notna().any():
+        ax.fill_between(g.length, g[f"{y}_lo"].clip(0, 1), g[f"{y}_hi"].clip(0, 1), color=color, alpha=0.2, lw=0)
+
+
+def plot_accuracy(summary: pd.DataFrame, path: str, train_lengths: dict[str, int]) -> str:
+    """One panel per cell: mean answer accuracy over the selected config's seeds against test
+    length, a band for the 95% interval, a line per k_test, the train length dotted."""
+    cells = list(dict.fromkeys(summary.cell))
+    plt, fig, axes = _panels(len(cells), 4.2, 3.2)
+    ks = sorted(k for k in summary.k.dropna().unique())
+    cmap = plt.get_cmap("viridis", max(len(ks), 2))
+    for ax, cell in zip(axes.flat, cells):
+        rows = summary[summary.cell == cell]
+        for k, g in rows.groupby("k", dropna=False):
+            _band(ax, g, "all" if pd.isna(k) else f"k={int(k)}", "C0" if pd.isna(k) else cmap(ks.index(k)))
+        ax.axvline(train_lengths.get(cell, 0), color="grey", ls=":", lw=1)
+        ids = rows.ids.iloc[0]
+        ax.set_title(f"{cell}{'' if ids == 'sequential' else f' ({ids} ids)'}, {int(rows.seeds.max())} seed(s)",
+                     fontsize=8)
+    return _save(plt, fig, axes, len(cells), path, bottom=0.06, ncol=8)
+
+
+def plot_trial(records: list[dict], train_length: int, path: str) -> str:
+    """One trial's answer accuracy against test length, a line per k_test (its own ids)."""
+    rows = pd.DataFrame(records)
+    rows = rows[rows.ids == rows.ids.iloc[0]]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(4.6, 3.3))
+    for k, g in rows.groupby("k", dropna=False):
+        ax.plot(g.length, g.answer_acc, marker="o", ms=3, label="all" if pd.isna(k) else f"k={int(k)}")
+    ax.axvline(train_length, color="grey", ls=":", lw=1)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("test length (dotted: train length)", fontsize=8)
+    ax.set_ylabel("answer accuracy", fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_factor(spec: StudySpec, summary: pd.DataFrame, factor: str, path: str,
+                train_lengths: dict[str, int], train_ks: dict[str, int | None]) -> str | None:
+    """A grid factor's levels on the same axes: one panel per combination of the other factors,
+    a line (with its band) per level, at the largest k_test <= K_train of the panel's cells."""
+    cells = {c.label: c for c in spec.cells()}
+    level_of = {label: json_label(c.factors, factor) for label, c in cells.items()}
+    levels = list(dict.fromkeys(level_of.values()))
+    if len(levels) < 2:
+        return None
+    rest = {label: " ".join(f"{k}={v}" for k, v in c.factors.items() if not _under(k, factor))
+            for label, c in cells.items()}
+    panels = list(dict.fromkeys(rest.values()))
+    plt, fig, axes = _panels(len(panels), 4.4, 3.3)
+    for ax, panel in zip(axes.flat, panels):
+        members = [c for c in cells if rest[c] == panel]
+        ks = [train_ks[c] for c in members if train_ks.get(c) is not None]
+        k = min(ks) if ks else None
+        for i, cell in enumerate(members):
+            rows = summary[summary.cell == cell]
+            rows = rows[rows.k == k] if k is not None and rows.k.notna().any() else rows[rows.k.isna()]
+            if not rows.empty:
+                _band(ax, rows, level_of[cell], f"C{levels.index(level_of[cell])}")
+            ax.axvline(train_lengths.get(cell, 0), color=f"C{levels.index(level_of[cell])}", ls=":", lw=1)
+        ax.set_title((panel or "all cells") + ("" if k is None else f", k_test={k}"), fontsize=8)
+    return _save(plt, fig, axes, len(panels), path, bottom=0.1, ncol=4, title=factor, title_fontsize=8)
+
+
+def _under(key: str, factor: str) -> bool:
+    return key == factor or key.startswith(factor + ".")
+
+
+def json_label(factors: dict, factor: str) -> str:
+    """A cell's level of one grid factor (a dict-valued factor is several flattened keys)."""
+    return ",".join(f"{v}" for k, v in factors.items() if _under(k, factor))
 
 
 def plot_sparsity(results: pd.DataFrame, path: str) -> str | None:
@@ -109,11 +259,7 @@ def plot_sparsity(results: pd.DataFrame, path: str) -> str | None:
     trials = trials[trials["sparsity/k_median"].notna() & trials[y].notna()]
     if trials.empty:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(5.6, 4))
     for i, (cell, group) in enumerate(trials.groupby("cell", sort=False)):
         ax.scatter(group["sparsity/k_median"], group[y], s=30, alpha=0.8, marker="osD^v<>p"[i % 8],
@@ -127,19 +273,145 @@ def plot_sparsity(results: pd.DataFrame, path: str) -> str | None:
     return path
 
 
-def write_report(spec: StudySpec, trials: list[dict], out_dir: str) -> tuple[pd.DataFrame, dict[str, str]]:
-    """Write results.csv, summary.csv and the plot; return the summary and the files written."""
+def cell_train_sizes(spec: StudySpec) -> tuple[dict[str, int], dict[str, int | None]]:
+    """Each cell's train length and K_train (the task's defaults where the spec sets none)."""
+    from tasks import TASKS
+
+    lengths, ks = {}, {}
+    for cell in spec.cells():
+        task = spec.trial_config(cell, {}, spec.seed)["task"]
+        cls, params = TASKS[task["name"]], task.get("params") or {}
+        lengths[cell.label] = params.get("train_length", cls.default_train_length)
+        ks[cell.label] = params.get("train_k", getattr(cls, "default_train_k", None))
+    return lengths, ks
+
+
+def write_report(spec: StudySpec, trials: list[dict], out_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    """Write results.csv, selected.csv, summary.csv, the figures and the spec; return the
+    selection, the per-length summary and the files written."""
+    return report_from_results(spec, results_frame(spec, trials), out_dir)
+
+
+def report_from_results(spec: StudySpec, results: pd.DataFrame, out_dir: str
+                        ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    """Everything the report holds, from results.csv's rows (so `python -m study.report` can
+    rebuild it from what a study stored, without rerunning anything)."""
     os.makedirs(out_dir, exist_ok=True)
-    results = results_frame(spec, trials)
-    files = {"results": os.path.join(out_dir, "results.csv")}
+    files = {"results": os.path.join(out_dir, "results.csv"), "spec": os.path.join(out_dir, "study_spec.json")}
     results.to_csv(files["results"], index=False)
-    summary = select(spec, results)
+    with open(files["spec"], "w") as f:
+        f.write(spec.model_dump_json(indent=1))
+    selected = select(spec, results)
+    files["selected"] = os.path.join(out_dir, "selected.csv")
+    selected.to_csv(files["selected"], index=False)
+    summary = summarize_seeds(spec, results, selected) if not selected.empty else pd.DataFrame()
     files["summary"] = os.path.join(out_dir, "summary.csv")
     summary.to_csv(files["summary"], index=False)
     if not summary.empty:
-        train_lengths = {t["trial_id"]: t["config"]["trial"]["task"]["params"].get("train_length", 0) for t in trials}
-        files["plot"] = plot_accuracy(results, summary, os.path.join(out_dir, "accuracy_vs_length.png"), train_lengths)
+        train_lengths, train_ks = cell_train_sizes(spec)
+        files["plot"] = plot_accuracy(summary, os.path.join(out_dir, "accuracy_vs_length.png"), train_lengths)
+        for factor in spec.grid:
+            name = f"accuracy_by_{factor.replace('.', '_')}.png"
+            written = plot_factor(spec, summary, factor, os.path.join(out_dir, name), train_lengths, train_ks)
+            if written:
+                files[f"by_{factor}"] = written
         scatter = plot_sparsity(results, os.path.join(out_dir, "sparsity_vs_extrapolation.png"))
         if scatter:
             files["sparsity_plot"] = scatter
-    return summary, files
+    return selected, summary, files
+
+
+def _sig(x, digits: int = 3) -> str:
+    """A number with its significant digits (lr 0.00136, not 0.001; val_loss 2.1e-05, not 0.000)."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    return "nan" if x != x else f"{x:.{digits}g}"
+
+
+def _mean_ci(mean, lo, hi) -> str:
+    if mean != mean:
+        return "-"
+    return f"{mean:.3f}" if lo != lo else f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def summary_lines(spec: StudySpec, selected: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
+    """Per cell the selected config (and how a tie was broken), its means and 95% intervals over
+    seeds, and accuracy per k_test at the longest test length."""
+    metric = spec.objective.metric
+    lines = ["", f"selected per cell ({spec.objective.mode} {metric} on in-distribution validation; ties: "
+             "lower val_loss), means [95% t-interval] over the selected config's seeds:"]
+    for row in selected.to_dict("records"):
+        params = ", ".join(f"{k[len('search.'):]}={_sig(v)}" for k, v in row.items() if k.startswith("search."))
+        tie = f"; {row['tied']} trials tied at {_sig(row[metric])}, broken by val_loss" if row["tied"] > 1 else ""
+        lines.append(f"  {row['cell']}: trial {row['trial_id']} ({params or 'no search'}), {metric} "
+                     f"{_sig(row[metric])}, val_loss {_sig(row['val_loss'])}{tie}; {row['seeds']} seed(s)")
+        for col in ("acc_in_dist", "acc_beyond", "acc_k_beyond", "loss_beyond"):
+            mean = row.get(f"{col}_mean", float("nan"))
+            if mean == mean:
+                lines.append(f"      {col:<13}{_mean_ci(mean, row[f'{col}_lo'], row[f'{col}_hi'])}")
+    if len(summary):
+        longest = summary.length.max()
+        at = summary[summary.length == longest]
+        lines.append(f"answer accuracy at test length {longest}, per k_test (mean [95% interval] over seeds):")
+        for cell, g in at.groupby("cell", sort=False):
+            parts = [f"k={'all' if k != k else int(k)}: {_mean_ci(a, lo, hi)}" for k, a, lo, hi in
+                     zip(g.k, g.answer_acc, g.answer_acc_lo, g.answer_acc_hi)]
+            lines.append(f"  {cell}: " + "; ".join(parts))
+    return lines
+
+
+def _read_study(source: str, tracking_uri: str | None, tmp: str) -> tuple[StudySpec, pd.DataFrame, str]:
+    """(spec, results) of a study folder or bucket prefix, or of an MLflow experiment's parent run."""
+    from study import storage as store
+
+    if store.is_uri(source) or os.path.isdir(source):
+        if not store.exists(store.join(source, "results.csv")):
+            raise SystemExit(f"error: {source}: no results.csv (is it a study folder that finished?)")
+        folder = store.download_dir(source, tmp) if store.is_uri(source) else source
+        where = source
+    else:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri)
+        exp = client.get_experiment_by_name(source)
+        if exp is None:
+            raise SystemExit(f"error: {source}: neither a study folder nor an experiment in {tracking_uri}")
+        parents = client.search_runs([exp.experiment_id], "tags.`study.parent` = 'true'", max_results=1)
+        if not parents:
+            raise SystemExit(f"error: experiment {source} has no study run")
+        run_id = parents[0].info.run_id
+        for name in ("results.csv", "study_spec.json"):
+            client.download_artifacts(run_id, name, tmp)
+        folder, where = tmp, f"MLflow run {run_id} of experiment {source}"
+    with open(os.path.join(folder, "study_spec.json")) as f:
+        spec = StudySpec.model_validate_json(f.read())
+    return spec, pd.read_csv(os.path.join(folder, "results.csv")), where
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="python -m study.report",
+                                description="Rebuild a study's tables and figures from what it stored; "
+                                            "nothing is rerun.")
+    p.add_argument("study", help="a study folder (<storage>/<name>), a bucket URI, or an MLflow experiment name")
+    p.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db", help="where the experiment is")
+    p.add_argument("--out", help="write here (default: the study folder; ./report-<name> for an experiment)")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="report-") as tmp:
+        spec, results, where = _read_study(args.study, args.mlflow_uri, tmp)
+        out = args.out or (args.study if os.path.isdir(args.study) else f"report-{spec.name}")
+        selected, summary, files = report_from_results(spec, results, out)
+    print(f"study {spec.name} from {where}: {results.trial_id.nunique()} trials")
+    print("\n".join(summary_lines(spec, selected, summary)))
+    print("files:\n" + "\n".join(f"  {path}" for path in files.values()))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -49,6 +49,7 @@ def parse_args(argv):
     p.add_argument("--mlflow-uri", help="tracking URI (default sqlite:///<storage>/mlflow.db; for a bucket "
                                         "sqlite:///./studies/mlflow.db, its artifacts in the bucket)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study")
+    p.add_argument("--verbose", action="store_true", help="also print Tune's status tables")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     p.add_argument("--cluster", help="with --dry-run: a cluster-launcher YAML; show the node type trials land on")
@@ -78,6 +79,24 @@ def plan_lines(spec: StudySpec, max_concurrent: int | None) -> list[str]:
     for c in cells:
         lines.append(f"  cell {c.index}: {c.label}")
     return lines
+
+
+def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking_uri: str) -> list[str]:
+    """The end of a study in the terminal: per cell the selected config (and how a tie was broken),
+    its means and 95% intervals over seeds, accuracy per k_test at the longest test length, the
+    files written, and where MLflow shows it (the UI with this venv's `mlflow`, and a deep link
+    to the runs table)."""
+    from mlflow.tracking import MlflowClient
+
+    from study.report import summary_lines
+    from study.tracking import runs_link
+
+    lines = summary_lines(spec, selected, summary) + ["files:"] + [f"  {f}" for f in files]
+    link = runs_link(tracking_uri, MlflowClient(tracking_uri).get_experiment_by_name(spec.name).experiment_id)
+    if tracking_uri.startswith("http"):
+        return lines + [f"MLflow:  {link}"]
+    mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")
+    return lines + [f"MLflow:  {mlflow_bin} ui --backend-store-uri {tracking_uri}", f"         then open {link}"]
 
 
 def placement_lines(spec: StudySpec, cluster_yaml: str, max_concurrent: int | None) -> list[str]:
@@ -199,21 +218,18 @@ def main(argv=None) -> int:
         tracking_uri = args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
     print("\n".join(plan_lines(spec, concurrency)), flush=True)
     try:
-        summary, failed = run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume)
+        selected, summary, files, failed = run_study(spec, study_dir, tracking_uri, address, concurrency,
+                                                      args.resume, args.verbose)
     except KeyboardInterrupt:  # the study's MLflow run is KILLED and nothing was reported
         return EXIT_INTERRUPTED
-    import pandas as pd
-
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    print(f"\nresults: {store.join(study_dir, 'results.csv')}\nMLflow:  mlflow ui --backend-store-uri {tracking_uri}")
+    print("\n".join(closing_lines(spec, selected, summary, files, tracking_uri)))
     if not failed:
         return 0
     lines = [f"error: {len(failed)} trial(s) failed:"]
     lines += [f"  {t['trial_id']} (cell {t['cell']}): {t['reason']}" for t in failed]
-    selected = set(summary["cell"]) if "cell" in summary else set()
+    chosen = set(selected["cell"]) if "cell" in selected else set()
     lines += [f"  cell {c.label}: no trial finished, nothing selected"
-              for c in spec.cells() if c.label not in selected]
+              for c in spec.cells() if c.label not in chosen]
     print("\n".join(lines), file=sys.stderr)
     return 1
 

@@ -1,8 +1,11 @@
 """Per-cell search behind Ray's interfaces, so one Tune experiment holds the whole study.
 
 - `CellSearcher` (a Tune `Searcher`): one `OptunaSearch` per cell; cells take turns, so every cell
-  gets its full budget of trials and no cell is starved by another's results. Without a search it
-  hands out each cell's fixed config `replicas` times, with seeds seed, seed+1, ...
+  gets its full budget of trials and no cell is starved by another's results. Once a cell's search
+  trials have all ended, it hands out `replicas - 1` reruns of the selected config (in-distribution
+  objective, ties to the lower val_loss: `ObjectiveSpec.rank`) with seeds seed+1, seed+2, ...; the
+  study's figures and intervals come from those seeds. Without a search it hands out each cell's
+  fixed config `replicas` times, with seeds seed, seed+1, ...
 - `CellASHA` (a Tune scheduler): one ASHA per cell, so trials compete only with trials of their own
   cell (an easy cell's good scores must not stop a hard cell's trials).
 Both save and restore with the experiment, so `--resume` continues the same searches.
@@ -28,6 +31,11 @@ class CellSearcher(Searcher):
         self.cells = spec.cells()
         self.issued = {c.index: 0 for c in self.cells}
         self.trial_cell: dict[str, int] = {}
+        # with a search: each cell's ended search trials {trial id: (params, objective, val_loss)}
+        # and its replicas handed out so far
+        self.ended: dict[int, dict[str, tuple]] = {c.index: {} for c in self.cells}
+        self.params_of: dict[str, dict] = {}
+        self.replicas_issued = {c.index: 0 for c in self.cells}
         self.optuna: dict[int, OptunaSearch] = {}
         if spec.search is not None:
             import optuna
@@ -48,38 +56,71 @@ class CellSearcher(Searcher):
                 )
 
     def suggest(self, trial_id: str):
-        budget = self.spec.trials_per_cell
+        if self.optuna:
+            ready = [c for c in self.cells if self.replica_of(c.index) and self.replicas_issued[c.index]
+                     < self.spec.replicas - 1]
+            if ready:  # a cell's search is over: rerun its selected config with the next seed
+                cell = ready[0]
+                self.replicas_issued[cell.index] += 1
+                chosen = self.replica_of(cell.index)
+                self.trial_cell[trial_id] = cell.index
+                return self._config(cell, self.params_of[chosen], self.spec.seed + self.replicas_issued[cell.index],
+                                    role="replica", selected_from=chosen)
+        budget = self.spec.search.trials_per_cell if self.optuna else self.spec.trials_per_cell
         open_cells = [c for c in self.cells if self.issued[c.index] < budget]
         if not open_cells:
-            return Searcher.FINISHED
+            replicas_to_come = self.optuna and any(
+                self.replica_of(c.index, pending=True) and self.replicas_issued[c.index] < self.spec.replicas - 1
+                for c in self.cells)
+            return None if replicas_to_come else Searcher.FINISHED  # None: Tune asks again later
         cell = min(open_cells, key=lambda c: (self.issued[c.index], c.index))  # take turns
         replica = self.issued[cell.index]
         params = {}
         if self.optuna:
             params = _flatten_suggestion(self.optuna[cell.index].suggest(trial_id))
+            self.params_of[trial_id] = params
         self.issued[cell.index] += 1
         self.trial_cell[trial_id] = cell.index
         # a search compares configs on common random numbers; replicas differ by seed
-        seed = self.spec.seed + (0 if self.optuna else replica)
+        return self._config(cell, params, self.spec.seed + (0 if self.optuna else replica),
+                            role="search" if self.optuna else "replica")
+
+    def _config(self, cell, params: dict, seed: int, role: str, selected_from: str | None = None) -> dict:
         return {
             "cell": cell.index,
             "params": params,
             "trial": self.spec.trial_config(cell, params, seed),
             "resources": self.resources,
+            "role": role,  # search | replica (of the selected config; without a search, every trial)
+            "selected_from": selected_from,
             # with max_concurrent_trials Tune asks for a trial when a slot is free: the trial's
             # start-up is measured from here (study/tracking.py, startup/from_schedule_s)
             "scheduled_at": time.time(),
         }
 
+    def replica_of(self, cell: int, pending: bool = False):
+        """The selected search trial of a cell whose search trials have all ended (None before, or
+        when none of them reported the objective). pending=True: True while the cell may still
+        hand out replicas."""
+        ended = self.ended[cell]
+        if len(ended) < self.spec.search.trials_per_cell:
+            return True if pending else None
+        scored = [(self.spec.objective.rank(m, loss, t), t) for t, (m, loss) in ended.items() if m is not None]
+        if not scored:
+            return False if pending else None  # every search trial failed: nothing to replicate
+        return min(scored)[1]
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         cell = self.trial_cell.get(trial_id)
-        if cell is not None and self.optuna:
+        if cell is not None and self.optuna and trial_id in self.params_of:
             self.optuna[cell].on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         cell = self.trial_cell.get(trial_id)
-        if cell is not None and self.optuna:
+        if cell is not None and self.optuna and trial_id in self.params_of:  # a search trial
             self.optuna[cell].on_trial_complete(trial_id, result, error)
+            result = {} if error or not result else result
+            self.ended[cell][trial_id] = (result.get(self.spec.objective.metric), result.get("val_loss"))
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
@@ -118,17 +159,23 @@ class CellASHA(FIFOScheduler):
             self._by_cell[cell] = AsyncHyperBandScheduler(**self._kwargs)
         return self._by_cell[cell]
 
+    # replicas of a selected config run to the end: stopping an unlucky seed would bias the interval
     def on_trial_add(self, tune_controller, trial):
-        self._asha(trial).on_trial_add(tune_controller, trial)
+        if trial.config.get("role") != "replica":
+            self._asha(trial).on_trial_add(tune_controller, trial)
 
     def on_trial_result(self, tune_controller, trial, result):
+        if trial.config.get("role") == "replica":
+            return self.CONTINUE
         return self._asha(trial).on_trial_result(tune_controller, trial, result)
 
     def on_trial_complete(self, tune_controller, trial, result):
-        self._asha(trial).on_trial_complete(tune_controller, trial, result)
+        if trial.config.get("role") != "replica":
+            self._asha(trial).on_trial_complete(tune_controller, trial, result)
 
     def on_trial_remove(self, tune_controller, trial):
-        self._asha(trial).on_trial_remove(tune_controller, trial)
+        if trial.config.get("role") != "replica":
+            self._asha(trial).on_trial_remove(tune_controller, trial)
 
     def debug_string(self) -> str:
         return f"ASHA per cell over {len(self._by_cell)} cells"

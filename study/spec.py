@@ -104,6 +104,14 @@ class ObjectiveSpec(Strict):
             )
         return self
 
+    def rank(self, value: float | None, val_loss: float | None, trial_id: str) -> tuple:
+        """Sort key of a trial, best first: the objective, ties broken by the lower validation loss
+        (then the trial id, so the order is total); a trial without a value ranks last."""
+        def num(x):
+            return float("inf") if x is None or x != x else float(x)
+        v = num(value if self.mode == "min" or value is None else -value)
+        return (v, num(val_loss), trial_id)
+
 
 class SchedulerSpec(Strict):
     type: Literal["asha", "none"] = "none"
@@ -152,7 +160,8 @@ class StudySpec(Strict):
     search: SearchSpec | None = None
     objective: ObjectiveSpec = ObjectiveSpec()
     scheduler: SchedulerSpec = SchedulerSpec()
-    replicas: int = Field(1, ge=1, description="seeds per cell when search is none")
+    replicas: int = Field(1, ge=1, description="seeds of each cell's chosen config: without a search, the "
+                          "cell's trials; with one, the selected trial and replicas - 1 reruns of its config")
     resources: ResourcesSpec = ResourcesSpec()
     seed: int = Field(0, ge=0, le=MAX_SEED)
 
@@ -189,15 +198,10 @@ class StudySpec(Strict):
 
     @model_validator(mode="after")
     def _every_point_is_a_valid_trial(self) -> "StudySpec":
-        if self.search is not None and self.replicas > 1:
-            raise ValueError(
-                "replicas: seeds per chosen config after a search are not supported yet; "
-                "use search: none with replicas, or replicas: 1"
-            )
         if self.scheduler.type == "asha" and self.search is None and self.replicas == 1:
             raise ValueError("scheduler.type: asha needs several trials per cell to compare")
         self._no_setting_twice()
-        if self.search is None and self.seed + self.replicas - 1 > MAX_SEED:
+        if self.seed + self.replicas - 1 > MAX_SEED:
             raise ValueError(f"seed: replicas use seeds {self.seed}..{self.seed + self.replicas - 1}, "
                              f"beyond {MAX_SEED}")
         params = self.search.params if self.search else {}
@@ -223,7 +227,7 @@ class StudySpec(Strict):
             root = path.split(".")[0]
             if root == "seed":
                 raise ValueError(f"{where}.{path}: every trial's seed is the study's seed; for several "
-                                 "seeds per cell use replicas (with search: none)")
+                                 "seeds per cell use replicas")
             if root == "deepspeed":
                 raise ValueError(f"{where}.{path}: ZeRO stage and bf16 are resources.zero_stage and "
                                  "resources.bf16, one for the whole study")
@@ -293,7 +297,9 @@ class StudySpec(Strict):
 
     @property
     def trials_per_cell(self) -> int:
-        return self.search.trials_per_cell if self.search else self.replicas
+        """Every trial a cell runs: its search, then replicas - 1 reruns of the selected config (or,
+        without a search, `replicas` seeds)."""
+        return self.search.trials_per_cell + self.replicas - 1 if self.search else self.replicas
 
     def trial_config(self, cell: Cell, params: dict[str, Any], seed: int) -> dict:
         """The full trial config of one trial: base, then the cell's factors, then searched params."""

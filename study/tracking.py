@@ -6,7 +6,11 @@ tags with their cell's factors, so the UI can group and compare by factor. Runs 
 tag on `--resume` (the parent by study, a child by Tune trial id), so nothing is duplicated.
 
 Extrapolation is logged as `acc_len/k{K}` (and `exact_len/k{K}`) with step = test length, because
-MLflow plots metrics against step: the UI's chart of `acc_len/k3` is accuracy against length.
+MLflow plots metrics against step: the UI's chart of `acc_len/k3` is accuracy against length. The
+flat `acc_at_len{N}/k{K}` says its length, for the runs table. Children are tagged `role` (search |
+replica) and `selected` (true for the trial each cell selected); the parent carries the study's
+params and, per cell, the selected config's means over seeds (`cell{i}/acc_beyond`, ...); every run
+has MLflow's source tags (entry point, git commit).
 """
 
 from __future__ import annotations
@@ -27,11 +31,43 @@ PARENT_TAG = "study.parent"
 TRIAL_TAG = "tune.trial_id"
 
 
-def open_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    return client.create_experiment(name, artifact_location=artifact_location)
+def open_experiment(client: MlflowClient, spec: StudySpec, artifact_location: str | None) -> str:
+    """The study's experiment, its description (and spec) on the experiment page itself."""
+    exp = client.get_experiment_by_name(spec.name)
+    exp_id = exp.experiment_id if exp else client.create_experiment(spec.name, artifact_location=artifact_location)
+    import yaml
+
+    note = f"{spec.description}\n\n```yaml\n{yaml.safe_dump(spec.model_dump(mode='json'), sort_keys=False)}```"
+    client.set_experiment_tag(exp_id, "mlflow.note.content", note)
+    return exp_id
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's own source tags: the entry point and, in a git checkout, the commit (with a
+    `+dirty` note when the working tree has changes, so a result is never credited to a commit
+    that did not produce it)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tags = {"mlflow.source.name": "study/run.py", "mlflow.source.type": "LOCAL"}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return tags
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        tags["code.dirty"] = "true" if dirty else "false"
+    return tags
+
+
+def runs_link(tracking_uri: str, experiment_id: str) -> str:
+    """The UI's runs table of the experiment (the experiment's default page in MLflow 3 is the
+    GenAI overview). A SQLite store is read by `mlflow ui`, on 127.0.0.1:5000 by default."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith("http") else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def find_run(client: MlflowClient, experiment_id: str, **tags: str):
@@ -45,15 +81,17 @@ class StudyTracker(Callback):
         self.spec = spec
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri)
-        self.experiment_id = open_experiment(self.client, spec.name, artifact_location)
+        self.experiment_id = open_experiment(self.client, spec, artifact_location)
+        self.source = source_tags()
         parent = find_run(self.client, self.experiment_id, **{PARENT_TAG: "true"})
         if parent is None:
             parent = self.client.create_run(
                 self.experiment_id,
                 run_name=spec.name,
-                tags={PARENT_TAG: "true", "mlflow.note.content": spec.description},
+                tags={PARENT_TAG: "true", "mlflow.note.content": spec.description, **self.source},
             )
             self.client.log_dict(parent.info.run_id, spec.model_dump(mode="json"), "study_spec.json")
+            self.client.log_batch(parent.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in study_params(spec).items()])
         else:
             self.client.update_run(parent.info.run_id, status="RUNNING")
         self.parent_id = parent.info.run_id
@@ -92,6 +130,9 @@ class StudyTracker(Callback):
                 "mlflow.parentRunId": self.parent_id,
                 TRIAL_TAG: trial.trial_id,
                 "cell": cell.label,
+                "role": trial.config.get("role", "search"),
+                "selected": "false",  # record_selection marks the selected trials
+                **self.source,
                 **{f"factor.{k}": str(v) for k, v in cell.factors.items()},
             }
             run = self.client.create_run(
@@ -129,12 +170,22 @@ class StudyTracker(Callback):
         if records:
             metrics += self._extrapolation_metrics(records, now)
             self.client.log_text(run_id, _records_csv(records), "eval/records.csv")
+            self._log_trial_plot(run_id, records, trial.config["trial"])
         if result.get("loss_gap_records"):
             self._log_loss_gap(run_id, result["loss_gap_summary"], result["loss_gap_records"])
         if result.get("sparsity_targets"):
             self._log_sparsity(run_id, result["sparsity_targets"], trial.config["trial"])
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
+
+    def _log_trial_plot(self, run_id: str, records: list[dict], trial_config: dict) -> None:
+        import tempfile
+
+        from study.report import plot_trial
+
+        train_length = trial_config["task"].get("params", {}).get("train_length", 0)
+        with tempfile.TemporaryDirectory() as tmp:  # at the root: the compare view shows common artifacts
+            self.client.log_artifact(run_id, plot_trial(records, train_length, f"{tmp}/accuracy_vs_length.png"))
 
     def _log_loss_gap(self, run_id: str, summary: list[dict], records: list[dict]) -> None:
         import tempfile
@@ -173,6 +224,10 @@ class StudyTracker(Callback):
             for key, value in (("acc_len", r["answer_acc"]), ("exact_len", r["exact_match"]), ("loss_len", r.get("loss"))):
                 if value is not None and math.isfinite(value):
                     out.append(Metric(f"{key}/k{k}{suffix}", value, now, int(r["length"])))
+            # the same as flat keys that say their length: the runs table shows a metric's last
+            # step only, which for acc_len/k{K} is the longest length with nothing saying so
+            if not suffix and math.isfinite(r["answer_acc"]):
+                out.append(Metric(f"acc_at_len{int(r['length'])}/k{k}", r["answer_acc"], now, 0))
         return out
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
@@ -229,6 +284,28 @@ class StudyTracker(Callback):
                 self.client.set_terminated(r.info.run_id, "FINISHED")
         return dropped
 
+    def record_selection(self, selected) -> None:
+        """Tag each child `selected` true or false, and give the parent per-cell metrics of the
+        selected config (means over its seeds): `cell{i}/acc_beyond`, ..., `cell{i}/seeds`."""
+        chosen = set(selected.trial_id) if len(selected) else set()
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = "
+                                       f"'{self.parent_id}'", max_results=50000)
+        for r in runs:
+            flag = "true" if r.data.tags.get(TRIAL_TAG) in chosen else "false"
+            if r.data.tags.get("selected") != flag:
+                self.client.set_tag(r.info.run_id, "selected", flag)
+        index = {c.label: c.index for c in self.cells.values()}
+        now = int(time.time() * 1000)
+        metrics = []
+        for row in selected.to_dict("records"):
+            i = index[row["cell"]]
+            metrics.append(Metric(f"cell{i}/seeds", float(row["seeds"]), now, 0))
+            for key, value in row.items():
+                if key.endswith("_mean") and isinstance(value, (int, float)) and math.isfinite(value):
+                    metrics.append(Metric(f"cell{i}/{key[:-5]}", float(value), now, 0))
+        for j in range(0, len(metrics), 900):
+            self.client.log_batch(self.parent_id, metrics=metrics[j : j + 900])
+
     def log_study_metrics(self, metrics: dict[str, float]) -> None:
         now = int(time.time() * 1000)
         self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
@@ -241,6 +318,19 @@ class StudyTracker(Callback):
         for path in (artifacts or {}).values():
             self.client.log_artifact(self.parent_id, path)
         self.client.set_terminated(self.parent_id, status)
+
+
+def study_params(spec: StudySpec) -> dict[str, str]:
+    """What a study varies and how it selects, as the parent run's params."""
+    import json
+
+    out = {f"grid.{k}": json.dumps(v) for k, v in spec.grid.items()}
+    if spec.search is not None:
+        out.update({f"search.{k}": json.dumps(d.model_dump(exclude_none=True)) for k, d in spec.search.params.items()})
+        out.update({"search.sampler": spec.search.sampler, "search.trials_per_cell": spec.search.trials_per_cell})
+    out.update({"objective": f"{spec.objective.mode} {spec.objective.metric} (ties: lower val_loss)",
+                "replicas": spec.replicas, "cells": len(spec.cells()), "task": spec.task.name, "seed": spec.seed})
+    return out
 
 
 def error_reason(error) -> str:

@@ -122,11 +122,19 @@ def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
 
 
 def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
-    """Flat summary of the grid for the primary id mode (PPC: its own predicted ids)."""
+    """Flat summary of the grid for the primary id mode (PPC: its own predicted ids).
+
+    Length extrapolation and k extrapolation are kept apart: `acc_beyond` averages the cells past
+    the train length with k_test <= K_train, `acc_k_beyond` the cells with k_test > K_train (any
+    length)."""
     primary = generation_modes(cfg.positional.ids)[0]
     rows = [r for r in records if r["ids"] == primary]
+    task = cfg.task_obj
+    k_train = getattr(task, "train_k", None)
+    k_in = lambda r: r["k"] is None or k_train is None or r["k"] <= k_train  # noqa: E731
     inside = [r for r in rows if r["in_distribution"]]
-    beyond = [r for r in rows if r["length"] > cfg.task_obj.train_length]
+    beyond = [r for r in rows if r["length"] > task.train_length and k_in(r)]
+    k_beyond = [r for r in rows if not k_in(r)]
     mean = lambda rs, key: float(np.mean([r[key] for r in rs])) if rs else float("nan")  # noqa: E731
     summary = {
         "acc_in_dist": mean(inside, "answer_acc"),
@@ -134,6 +142,8 @@ def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
         "exact_in_dist": mean(inside, "exact_match"),
         "exact_beyond": mean(beyond, "exact_match"),
     }
+    if k_beyond:  # only a grid with k_test > K_train has it
+        summary["acc_k_beyond"] = mean(k_beyond, "answer_acc")
     if rows and "loss" in rows[0]:  # language modeling: loss at and beyond the train length
         summary.update(loss_in_dist=mean(inside, "loss"), loss_beyond=mean(beyond, "loss"))
     return summary

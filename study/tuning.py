@@ -53,10 +53,10 @@ def start_ray(address: str | None) -> None:
 
 def run_study(
     spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
-    max_concurrent: int | None, resume: bool,
-) -> tuple[pd.DataFrame, list[dict]]:
-    """Run (or resume) the study; write the report; return the per-cell summary and the failed
-    trials ({trial_id, cell, reason})."""
+    max_concurrent: int | None, resume: bool, verbose: bool = False,
+) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict]]:
+    """Run (or resume) the study; write the report; return the per-cell selection, the per-length
+    summary over seeds, the files written and the failed trials ({trial_id, cell, reason})."""
     # one experiment snapshot per checkpoint is what resume needs; don't warn about it
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # snapshots on the events a resume needs, not on a timer (study/snapshots.py)
@@ -66,6 +66,7 @@ def run_study(
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
+    from study.progress import ProgressPrinter
     from study.search import CellASHA, CellSearcher
     from study.trial import run_trial, trial_resources
 
@@ -81,6 +82,7 @@ def run_study(
         if tracking_uri.startswith("sqlite:") else None
     )
     tracker = StudyTracker(spec, tracking_uri, artifact_location)
+    progress = ProgressPrinter(spec, len(spec.cells()) * spec.trials_per_cell)
     tune_dir = store.join(study_dir, "tune")
     try:
         if resume:
@@ -116,8 +118,8 @@ def run_study(
                     # lands, before the new state is up; a driver killed then cannot resume that
                     # trial ("does not exist on storage anymore", seen in tests/test_storage.py)
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                    callbacks=[tracker, JsonLoggerCallback(), CSVLoggerCallback()],
-                    verbose=1,
+                    callbacks=[tracker, progress, JsonLoggerCallback(), CSVLoggerCallback()],
+                    verbose=1 if verbose else 0,  # Tune's status tables; our own lines: study/progress.py
                     progress_reporter=tune.CLIReporter(
                         metric_columns={"step": "step", spec.objective.metric: spec.objective.metric,
                                         "acc_beyond": "acc_beyond"},
@@ -128,18 +130,21 @@ def run_study(
                 ),
             )
         if resume:  # a restored Tuner keeps the callbacks it was pickled with; use this run's tracker
-            callbacks = tuner._local_tuner.get_run_config().callbacks
-            callbacks[:] = [tracker if isinstance(c, StudyTracker) else c for c in callbacks]
+            run_config = tuner._local_tuner.get_run_config()
+            run_config.callbacks[:] = [tracker if isinstance(c, StudyTracker) else
+                                       progress if isinstance(c, ProgressPrinter) else c for c in run_config.callbacks]
+            if progress not in run_config.callbacks:  # a study started before progress lines existed
+                run_config.callbacks.append(progress)
+            run_config.verbose = 1 if verbose else 0
         with snapshots_on_events(tracker):
             grid = tuner.fit()
         # on Ctrl-C Tune stops the trials, saves the experiment and returns: what it returns then
         # holds trials that did not end (or fewer than planned); they must not read as a result
-        planned = len(spec.cells()) * spec.trials_per_cell
+        planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, grid)
         if len(grid) < planned or grid.num_terminated + grid.num_errors < len(grid):
             raise KeyboardInterrupt
         trials = [
-            {"trial_id": res.metrics.get("trial_id") if res.metrics else os.path.basename(res.path),
-             "config": res.config, "metrics": res.metrics, "status": "ERROR" if res.error else "TERMINATED",
+            {"trial_id": _trial_id(res), "config": res.config, "metrics": res.metrics, "status": "ERROR" if res.error else "TERMINATED",
              "reason": error_reason(res.error)}
             for res in grid
         ]
@@ -154,11 +159,13 @@ def run_study(
                   for t in trials if t["status"] == "ERROR"]
         with tempfile.TemporaryDirectory(prefix="report-") as tmp:  # a bucket: written here, then copied
             remote = store.is_uri(study_dir)
-            summary, files = write_report(spec, trials, tmp if remote else study_dir)
+            selected, summary, files = write_report(spec, trials, tmp if remote else study_dir)
             if remote:
                 store.upload_dir(tmp, study_dir)
+            tracker.record_selection(selected)
             tracker.finish("FAILED" if failed else "FINISHED", files)
-        return summary, failed
+        written = [store.join(study_dir, os.path.basename(path)) for path in files.values()]
+        return selected, summary, written, failed
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SystemExit: SIGTERM (ray.init's handler)
         tracker.finish("KILLED")
         print(f"interrupted: no results written; continue with --resume (study {study_dir})",
@@ -180,6 +187,18 @@ def time_in_steps(trials: list[dict], wall_s: float, slots: int | None) -> dict[
     print(f"time: {wall_s:.0f} s since Ray started; trials trained and evaluated for {in_steps:.0f} s, "
           f"{share:.0%} of {slots} trial slot(s) x the wall time", flush=True)
     return {"time/wall_since_ray_s": wall_s, "time/trials_in_steps_s": in_steps, "time/in_steps_share": share}
+
+
+def _replicas_not_run(spec: StudySpec, grid) -> int:
+    """Replicas a searched cell never hands out: every one of its search trials failed, so no
+    config was selected (study/search.py)."""
+    if spec.search is None or spec.replicas == 1:
+        return 0
+    search_ok: dict[int, bool] = {c.index: False for c in spec.cells()}
+    for res in grid:
+        if res.config.get("role") == "search" and not res.error:
+            search_ok[res.config["cell"]] = True
+    return sum(spec.replicas - 1 for ok in search_ok.values() if not ok)
 
 
 def _trial_id(result) -> str:

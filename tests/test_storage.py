@@ -50,7 +50,7 @@ def test_smoke_study_on_a_bucket(s3, tmp_path):
     out = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", uri, "--mlflow-uri", f"sqlite:///{db}"],
               env=env_of(s3), cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "results: s3://studies/team/smoke/results.csv" in out.stdout
+    assert "\n  s3://studies/team/smoke/results.csv\n" in out.stdout
     keys = bucket_keys(s3, "team/")
     for name in ("results.csv", "summary.csv", "accuracy_vs_length.png", "sparsity_vs_extrapolation.png"):
         assert f"team/smoke/{name}" in keys

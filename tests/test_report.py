@@ -1,0 +1,232 @@
+"""What a study reports: the selection (objective, ties to val_loss), replicas of the selected
+config, intervals over seeds, length vs k extrapolation kept apart; and the record a researcher
+reads: MLflow's tags, parent metrics, figures and source, the UI itself in headless Chromium, and
+`python -m study.report` rebuilding the report from what was stored."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pandas as pd
+import pytest
+import yaml
+from scipy import stats
+from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
+
+from study.report import interval, select, summarize_seeds
+from study.search import CellSearcher
+from study.spec import StudySpec
+from study.train import summarize
+
+
+def spec_of(**changes) -> StudySpec:
+    raw = json.loads(json.dumps(SMOKE))
+    raw.update(changes)
+    return StudySpec.model_validate(raw)
+
+
+# --- the statistics, on hand-made numbers ------------------------------------------------------
+def test_interval_is_students_t_over_seeds():
+    mean, lo, hi, n = interval(pd.Series([0.8, 0.9, 1.0]))
+    half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)  # sd of (0.8, 0.9, 1.0) is 0.1
+    assert (mean, n) == (pytest.approx(0.9), 3) and (lo, hi) == (pytest.approx(0.9 - half), pytest.approx(0.9 + half))
+    mean, lo, hi, n = interval(pd.Series([0.7, None]))  # one value: a mean, no interval
+    assert mean == pytest.approx(0.7) and n == 1 and math.isnan(lo) and math.isnan(hi)
+
+
+def frame(rows: list[tuple]) -> pd.DataFrame:
+    """results.csv rows: (trial, cell, role, selected_from, seed, lr, val_exact, val_loss, length, k, acc)."""
+    out = []
+    for t, cell, role, src, seed, lr, ve, vl, length, k, acc in rows:
+        out.append({"trial_id": t, "cell": cell, "role": role, "selected_from": src, "seed": seed,
+                    "search.optim.lr": lr, "status": "TERMINATED", "val_exact": ve, "val_loss": vl,
+                    "acc_in_dist": ve, "acc_beyond": acc, "acc_k_beyond": float("nan"), "exact_in_dist": ve,
+                    "exact_beyond": acc, "length": length, "k": k, "ids": "sequential", "answer_acc": acc,
+                    "exact_match": acc, "n": 32, "in_distribution": length <= 8})
+    return pd.DataFrame(out)
+
+
+def test_selection_breaks_ties_by_val_loss_and_intervals_use_only_its_seeds():
+    spec = spec_of(replicas=3)
+    rows = [  # one cell: a and b tie on val_exact, b has the lower val_loss; c is worse
+        ("a", "A", "search", None, 0, 1e-3, 1.0, 0.30, 16, 2, 0.50),
+        ("b", "A", "search", None, 0, 2e-3, 1.0, 0.10, 16, 2, 0.60),
+        ("c", "A", "search", None, 0, 3e-3, 0.9, 0.01, 16, 2, 0.99),
+        ("b1", "A", "replica", "b", 1, 2e-3, 1.0, 0.20, 16, 2, 0.70),
+        ("b2", "A", "replica", "b", 2, 2e-3, 0.9, 0.20, 16, 2, 0.80),
+        ("a1", "A", "replica", "a", 1, 1e-3, 1.0, 0.20, 16, 2, 0.00),  # not of the selected config
+    ]
+    results = frame([(t, "train_length=8", *rest) for t, _, *rest in rows])
+    selected = select(spec, results)
+    row = selected.iloc[0]
+    assert (row.trial_id, row.tied, row.seeds) == ("b", 2, 3)
+    assert row.acc_beyond_mean == pytest.approx(0.7)
+    summary = summarize_seeds(spec, results, selected)
+    assert len(summary) == 1 and summary.seeds.iloc[0] == 3 and summary.answer_acc.iloc[0] == pytest.approx(0.7)
+    _, lo, hi, _ = interval(pd.Series([0.6, 0.7, 0.8]))
+    assert (summary.answer_acc_lo.iloc[0], summary.answer_acc_hi.iloc[0]) == (pytest.approx(lo), pytest.approx(hi))
+
+
+def test_replicas_rerun_the_selected_config_with_new_seeds_after_the_search():
+    spec = spec_of(replicas=3)
+    searcher = CellSearcher(spec, {"workers_per_trial": 1})
+    search = {f"t{i}": searcher.suggest(f"t{i}") for i in range(4)}  # 2 cells x 2 search trials
+    assert {c["role"] for c in search.values()} == {"search"} and searcher.suggest("early") is None  # waits
+    by_cell = {c: [t for t, cfg in search.items() if cfg["cell"] == c] for c in (0, 1)}
+    low, high = by_cell[0]
+    searcher.on_trial_complete(low, {"val_exact": 0.9, "val_loss": 0.1})
+    searcher.on_trial_complete(high, {"val_exact": 1.0, "val_loss": 0.5})
+    replicas = [searcher.suggest(f"r{i}") for i in range(2)]
+    assert [r["role"] for r in replicas] == ["replica", "replica"] and {r["cell"] for r in replicas} == {0}
+    assert all(r["selected_from"] == high and r["params"] == search[high]["params"] for r in replicas)
+    seeds = [search[high]["trial"]["seed"], *(r["trial"]["seed"] for r in replicas)]
+    assert len(set(seeds)) == 3 and seeds == [spec.seed, spec.seed + 1, spec.seed + 2]
+    assert searcher.suggest("wait") is None  # cell 1's search has not ended
+    for t in by_cell[1]:
+        searcher.on_trial_complete(t, None, error=True)  # nothing to replicate there
+    assert searcher.suggest("done") == "FINISHED"
+
+
+def test_acc_beyond_is_length_extrapolation_only():
+    cfg = __import__("study.config", fromlist=["TrialConfig"]).TrialConfig.model_validate(
+        yaml.safe_load((ROOT / "search_spaces/trials/sparse_parity.yaml").read_text()))
+    L, K = cfg.task_obj.train_length, cfg.task_obj.train_k
+    recs = [{"length": L, "k": K, "ids": "sequential", "answer_acc": 1.0, "exact_match": 1.0, "in_distribution": True},
+            {"length": 2 * L, "k": K, "ids": "sequential", "answer_acc": 0.8, "exact_match": 0.8, "in_distribution": False},
+            {"length": 2 * L, "k": K + 1, "ids": "sequential", "answer_acc": 0.0, "exact_match": 0.0,
+             "in_distribution": False},
+            {"length": L, "k": K + 1, "ids": "sequential", "answer_acc": 0.2, "exact_match": 0.2, "in_distribution": False}]
+    out = summarize(recs, cfg)
+    assert out["acc_beyond"] == pytest.approx(0.8) and out["acc_k_beyond"] == pytest.approx(0.1)
+
+
+# --- a study's record -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("replicated")
+    spec = write_spec(tmp, **{"name": "replicated", "replicas": 2, "base/sparsity": None})
+    storage = tmp / "studies"
+    out = run(["--space", str(spec), "--storage", str(storage)])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return {"out": out, "storage": storage, "db": storage / "mlflow.db", "tmp": tmp}
+
+
+@pytest.mark.slow
+def test_the_study_reports_replicas_selection_and_intervals(replicated):
+    out, study = replicated["out"].stdout, replicated["storage"] / "replicated"
+    results = pd.read_csv(study / "results.csv")
+    trials = results.drop_duplicates("trial_id")
+    assert len(trials) == 2 * (2 + 1) and (trials.role == "replica").sum() == 2
+    selected = pd.read_csv(study / "selected.csv")
+    for row in selected.itertuples():  # the best in-distribution objective, ties to val_loss
+        search = trials[(trials.cell == row.cell) & (trials.role == "search")]
+        best = search.sort_values(["val_exact", "val_loss"], ascending=[False, True]).iloc[0]
+        assert row.trial_id == best.trial_id and row.seeds == 2
+        seeds = trials[(trials.trial_id == row.trial_id) | (trials.selected_from == row.trial_id)].seed
+        assert sorted(seeds) == [0, 1]
+    summary = pd.read_csv(study / "summary.csv")
+    assert (summary.seeds == 2).all() and (summary.answer_acc_lo <= summary.answer_acc).all()
+    assert {"accuracy_vs_length.png", "accuracy_by_task_params_train_length.png"} <= {p.name for p in study.iterdir()}
+    # the terminal: progress lines, no Tune tables, the selection and where to look
+    assert "finished train_length=8" in out and "trials done" in out and "== Status ==" not in out
+    assert "selected per cell" in out and "seed(s)" in out
+    assert "/mlflow ui --backend-store-uri" in out and "runs?workflowType=machine_learning" in out
+
+
+@pytest.mark.slow
+def test_the_mlflow_record_reads_without_a_guide(replicated):
+    client, parents, children = mlflow_runs(replicated["db"], "replicated")
+    exp = client.get_experiment_by_name("replicated")
+    assert "name: replicated" in exp.tags["mlflow.note.content"]  # description and spec on the experiment
+    parent = parents[0]
+    assert parent.data.params["grid.task.params.train_length"] == "[8, 12]" and "optim.lr" in str(parent.data.params)
+    assert {"cell0/acc_beyond", "cell1/acc_in_dist", "cell0/seeds"} <= set(parent.data.metrics)
+    assert len(parent.data.tags["mlflow.source.git.commit"]) == 40
+    selected = pd.read_csv(replicated["storage"] / "replicated" / "selected.csv")
+    for c in children:
+        tags = c.data.tags
+        assert tags["role"] in ("search", "replica") and tags["mlflow.source.git.commit"]
+        assert (tags["selected"] == "true") == (tags["tune.trial_id"] in set(selected.trial_id))
+        assert "acc_at_len24/k2" in c.data.metrics
+        assert "accuracy_vs_length.png" in {a.path for a in client.list_artifacts(c.info.run_id)}
+    assert parent.data.metrics["cell0/seeds"] == 2
+
+
+@pytest.mark.slow
+def test_report_rebuilds_from_the_folder_and_from_mlflow(replicated):
+    study = replicated["storage"] / "replicated"
+    for source, extra in ((str(study), []), ("replicated", ["--mlflow-uri", f"sqlite:///{replicated['db']}"])):
+        out_dir = replicated["tmp"] / f"rebuilt-{len(extra)}"
+        proc = subprocess.run([str(BIN / "python"), "-m", "study.report", source, "--out", str(out_dir), *extra],
+                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for name in ("selected.csv", "summary.csv"):
+            pd.testing.assert_frame_equal(pd.read_csv(out_dir / name), pd.read_csv(study / name))
+        assert (out_dir / "accuracy_vs_length.png").exists() and "selected per cell" in proc.stdout
+
+
+def chromium() -> str:
+    """Debian's chromium: found, or installed with apt-get (the test setup), else the test skips."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+    try:
+        if subprocess.run(install, capture_output=True, timeout=600).returncode != 0:  # stale package lists
+            subprocess.run(["apt-get", "update"], capture_output=True, timeout=600, check=True)
+            subprocess.run(install, capture_output=True, timeout=600, check=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"no chromium, and `apt-get install chromium` failed here ({type(e).__name__}): "
+                    "the MLflow UI check needs a headless browser")
+    return shutil.which("chromium") or pytest.skip("apt-get installed no chromium binary")
+
+
+def rendered(browser: str, url: str) -> str:
+    """The page's text after its JavaScript ran (headless, no GPU, no sandbox: a root container)."""
+    import re
+
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+                          "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_shows_the_selected_runs_in_headless_chromium(replicated):
+    browser = chromium()
+    port = free_port()
+    server = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{replicated['db']}",
+                               "--host", "127.0.0.1", "--port", str(port)], env=ENV, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline, "mlflow server did not come up"
+                time.sleep(1)
+        client, parents, children = mlflow_runs(replicated["db"], "replicated")
+        exp_id = parents[0].info.experiment_id
+        chosen = [c for c in children if c.data.tags["selected"] == "true"]
+        # the runs table (the link the study prints), filtered by the tag: the study's run and its
+        # selected children match
+        runs = rendered(browser, f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning&searchFilter="
+                        + urllib.parse.quote("tags.selected = 'true'"))
+        assert "replicated" in runs and f"{len(chosen) + 1} matching runs" in runs, runs[-2000:]
+        # comparing the selected runs: their names and the selected tag
+        ids = urllib.parse.quote(json.dumps([c.info.run_id for c in chosen]))
+        compare = rendered(browser, f"{base}/#/compare-runs?runs={ids}&experiments="
+                           + urllib.parse.quote(json.dumps([exp_id])))
+        assert all(c.info.run_name in compare for c in chosen), compare[-2000:]
+        assert "selected " + " ".join(["true"] * len(chosen)) in compare
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
