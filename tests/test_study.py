@@ -294,11 +294,11 @@ def kill_when_finished(command: list[str], db: Path, env: dict, cwd: Path, trial
 
 def test_resume_after_the_driver_is_killed(tmp_path):
     spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 240, "base/eval/every_steps": 40,
-                                   "search/trials_per_cell": 3})
+                                   "search/trials_per_cell": 3, "replicas": 2})
     storage = tmp_path / "studies"
     db = storage / "mlflow.db"
     finished_before = kill_when_finished([*RUN, "--space", str(spec), "--storage", str(storage)], db, ENV, ROOT)
-    assert 2 <= len(finished_before) < 6, "the kill should land mid-study"
+    assert 2 <= len(finished_before) < 8, "the kill should land mid-study"
     client, parents, children = mlflow_runs(db, "resumable")
     parent_before = parents[0].info.run_id
 
@@ -307,14 +307,19 @@ def test_resume_after_the_driver_is_killed(tmp_path):
     client, parents, children = mlflow_runs(db, "resumable")
     assert [p.info.run_id for p in parents] == [parent_before]  # the study's run is kept
     assert parents[0].info.status == "FINISHED"
-    assert len(children) == 6 and all(c.info.status == "FINISHED" for c in children)  # no duplicates
+    assert len(children) == 8 and all(c.info.status == "FINISHED" for c in children)  # no duplicates
     for run_id, end_time in finished_before.items():  # finished trials were not rerun
         assert client.get_run(run_id).info.end_time == end_time
     results = pd.read_csv(storage / "resumable" / "results.csv")
-    assert results.trial_id.nunique() == 6
-    lrs = results.drop_duplicates("trial_id")["search.optim.lr"]
-    assert lrs.nunique() == 6, "a restored Optuna search continues; a fresh one would repeat itself"
-    assert (results.groupby("task.params.train_length").trial_id.nunique() == 3).all()
+    trials = results.drop_duplicates("trial_id")
+    assert len(trials) == 8 and (trials.groupby("task.params.train_length").trial_id.nunique() == 4).all()
+    search, replicas = trials[trials.role == "search"], trials[trials.role == "replica"]
+    assert search["search.optim.lr"].nunique() == 6, "a restored Optuna search continues; a fresh one would repeat"
+    selected = pd.read_csv(storage / "resumable" / "selected.csv")
+    for row in selected.itertuples():  # each cell's replica reruns its selected lr with the next seed
+        rep = replicas[replicas.selected_from == row.trial_id]
+        assert len(rep) == 1 and rep.seed.tolist() == [1] and row.seeds == 2
+        assert rep["search.optim.lr"].iloc[0] == search[search.trial_id == row.trial_id]["search.optim.lr"].iloc[0]
 
 
 # --- a 2-worker ZeRO-2 trial --------------------------------------------------------------------
