@@ -8,7 +8,7 @@
   summary metrics.
 - summary.csv: per cell x test length x k_test (the model's own ids), the selected config's answer
   accuracy and exact match over its seeds: mean, 95% t-interval (Student's t, n - 1 degrees of
-  freedom; none for one seed) and the number of seeds.
+  freedom, clipped to [0, 1]; none for one seed) and the number of seeds.
 - accuracy_vs_length.png: one panel per cell, the mean with its interval band against test length,
   a line per k_test, the train length marked; accuracy_by_<factor>.png: per grid factor, its levels
   on the same axes (the other factors fixed per panel) at the largest k_test <= K_train.
@@ -77,7 +77,7 @@ def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
         best["tied"] = int((candidates[metric] == best[metric]).sum()) if spec.search is not None else 1
         best["seeds"] = len(runs)
         for col in [*SUMMARY_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in runs]]:
-            mean, lo, hi, _ = interval(runs[col])
+            mean, lo, hi, _ = interval(runs[col], proportion=col.startswith(PROPORTIONS))
             best[f"{col}_mean"], best[f"{col}_lo"], best[f"{col}_hi"] = mean, lo, hi
         rows.append(best)
     out = pd.DataFrame(rows)
@@ -97,9 +97,14 @@ def seed_runs(spec: StudySpec, cell_trials: pd.DataFrame, selected: str) -> pd.D
     return runs[runs.status == "TERMINATED"]
 
 
-def interval(values: pd.Series) -> tuple[float, float, float, int]:
-    """Mean and 95% t-interval over seeds (Student's t with n - 1 degrees of freedom); the interval
-    is NaN for fewer than 2 values."""
+PROPORTIONS = ("acc_", "exact_", "val_exact", "answer_acc", "exact_match", "sparsity/k_match",
+               "sparsity/precision", "sparsity/recall")
+
+
+def interval(values: pd.Series, proportion: bool = False) -> tuple[float, float, float, int]:
+    """Mean and 95% t-interval over seeds (Student's t with n - 1 degrees of freedom), clipped to
+    [0, 1] for a proportion (3 seeds at 1.0, 1.0, 0.96 would otherwise reach 1.03); the interval is
+    NaN for fewer than 2 values."""
     from scipy import stats
 
     v = pd.to_numeric(values, errors="coerce").dropna().to_numpy(dtype=float)
@@ -110,7 +115,8 @@ def interval(values: pd.Series) -> tuple[float, float, float, int]:
     if n < 2:
         return mean, float("nan"), float("nan"), n
     half = float(stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / n ** 0.5)
-    return mean, mean - half, mean + half, n
+    lo, hi = mean - half, mean + half
+    return (mean, max(lo, 0.0), min(hi, 1.0), n) if proportion else (mean, lo, hi, n)
 
 
 def summarize_seeds(spec: StudySpec, results: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
@@ -125,8 +131,8 @@ def summarize_seeds(spec: StudySpec, results: pd.DataFrame, selected: pd.DataFra
             continue
         rec = rec[rec.ids == rec.ids.iloc[0]]
         for (length, k), g in rec.groupby(["length", "k"], dropna=False, sort=True):
-            acc, lo, hi, n = interval(g.answer_acc)
-            exact, elo, ehi, _ = interval(g.exact_match)
+            acc, lo, hi, n = interval(g.answer_acc, proportion=True)
+            exact, elo, ehi, _ = interval(g.exact_match, proportion=True)
             rows.append({"cell": sel.cell, "length": length, "k": k, "ids": g.ids.iloc[0],
                          "in_distribution": bool(g.in_distribution.iloc[0]), "seeds": n,
                          "answer_acc": acc, "answer_acc_lo": lo, "answer_acc_hi": hi,

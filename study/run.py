@@ -71,7 +71,11 @@ def plan_lines(spec: StudySpec, max_concurrent: int | None) -> list[str]:
         f"code: {ROOT}",
         f"study {spec.name}: task {spec.task.name}, {len(cells)} cell(s) x {spec.trials_per_cell} trial(s)"
         f" = {len(cells) * spec.trials_per_cell} trials",
-        f"  search: {'none (replicas: %d seeds)' % spec.replicas if spec.search is None else f'{spec.search.sampler} over ' + ', '.join(spec.search.params)}",
+        "  search: " + (f"none (replicas: {spec.replicas} seeds)" if spec.search is None else
+                        f"{spec.search.sampler} over {', '.join(spec.search.params)}, "
+                        f"{spec.search.trials_per_cell} trial(s) per cell"
+                        + (f", then {spec.replicas - 1} replica(s) of the selected config (new seeds)"
+                           if spec.replicas > 1 else "")),
         f"  objective: {spec.objective.mode} {spec.objective.metric}; scheduler: {spec.scheduler.type}",
         f"  per trial: {per_trial}, ZeRO-{r.zero_stage}{', bf16' if r.bf16 else ''}; "
         f"concurrent trials: {max_concurrent or 'as the cluster fits'}",

@@ -38,6 +38,9 @@ def test_interval_is_students_t_over_seeds():
     assert (mean, n) == (pytest.approx(0.9), 3) and (lo, hi) == (pytest.approx(0.9 - half), pytest.approx(0.9 + half))
     mean, lo, hi, n = interval(pd.Series([0.7, None]))  # one value: a mean, no interval
     assert mean == pytest.approx(0.7) and n == 1 and math.isnan(lo) and math.isnan(hi)
+    mean, lo, hi, n = interval(pd.Series([1.0, 1.0, 0.96]), proportion=True)  # a proportion stays in [0, 1]
+    assert hi == 1.0 and 0 < lo < mean < 1
+    assert interval(pd.Series([1.0, 1.0, 0.96]))[2] > 1  # what the clip prevents
 
 
 def frame(rows: list[tuple]) -> pd.DataFrame:
