@@ -181,9 +181,9 @@ def chromium() -> str:
         return found
     install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
     try:
-        if subprocess.run(install, capture_output=True, timeout=600).returncode != 0:  # stale package lists
-            subprocess.run(["apt-get", "update"], capture_output=True, timeout=600, check=True)
-            subprocess.run(install, capture_output=True, timeout=600, check=True)
+        if subprocess.run(install, capture_output=True, timeout=240).returncode != 0:  # stale package lists
+            subprocess.run(["apt-get", "update"], capture_output=True, timeout=240, check=True)
+            subprocess.run(install, capture_output=True, timeout=240, check=True)
     except (OSError, subprocess.SubprocessError) as e:
         pytest.skip(f"no chromium, and `apt-get install chromium` failed here ({type(e).__name__}): "
                     "the MLflow UI check needs a headless browser")
