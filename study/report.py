@@ -279,16 +279,19 @@ def plot_sparsity(results: pd.DataFrame, path: str) -> str | None:
     return path
 
 
-def cell_train_sizes(spec: StudySpec) -> tuple[dict[str, int], dict[str, int | None]]:
-    """Each cell's train length and K_train (the task's defaults where the spec sets none)."""
+def train_sizes(task: dict) -> tuple[int, int | None]:
+    """A trial config's task section -> (train length, K_train), the task's defaults where unset."""
     from tasks import TASKS
 
+    cls, params = TASKS[task["name"]], task.get("params") or {}
+    return params.get("train_length", cls.default_train_length), params.get("train_k", cls.default_train_k)
+
+
+def cell_train_sizes(spec: StudySpec) -> tuple[dict[str, int], dict[str, int | None]]:
+    """Each cell's train length and K_train."""
     lengths, ks = {}, {}
     for cell in spec.cells():
-        task = spec.trial_config(cell, {}, spec.seed)["task"]
-        cls, params = TASKS[task["name"]], task.get("params") or {}
-        lengths[cell.label] = params.get("train_length", cls.default_train_length)
-        ks[cell.label] = params.get("train_k", getattr(cls, "default_train_k", None))
+        lengths[cell.label], ks[cell.label] = train_sizes(spec.trial_config(cell, {}, spec.seed)["task"])
     return lengths, ks
 
 

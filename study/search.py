@@ -57,22 +57,21 @@ class CellSearcher(Searcher):
 
     def suggest(self, trial_id: str):
         if self.optuna:
-            ready = [c for c in self.cells if self.replica_of(c.index) and self.replicas_issued[c.index]
-                     < self.spec.replicas - 1]
+            ready = [c for c in self.cells if self.selected(c.index) and self.replicas_left(c.index)]
             if ready:  # a cell's search is over: rerun its selected config with the next seed
                 cell = ready[0]
+                chosen = self.selected(cell.index)
                 self.replicas_issued[cell.index] += 1
-                chosen = self.replica_of(cell.index)
                 self.trial_cell[trial_id] = cell.index
                 return self._config(cell, self.params_of[chosen], self.spec.seed + self.replicas_issued[cell.index],
                                     role="replica", selected_from=chosen)
         budget = self.spec.search.trials_per_cell if self.optuna else self.spec.trials_per_cell
         open_cells = [c for c in self.cells if self.issued[c.index] < budget]
-        if not open_cells:
-            replicas_to_come = self.optuna and any(
-                self.replica_of(c.index, pending=True) and self.replicas_issued[c.index] < self.spec.replicas - 1
-                for c in self.cells)
-            return None if replicas_to_come else Searcher.FINISHED  # None: Tune asks again later
+        if not open_cells:  # None: Tune asks again later (a search still running may select a config)
+            waiting = self.optuna and any(not self.search_ended(c.index) or
+                                          (self.selected(c.index) and self.replicas_left(c.index))
+                                          for c in self.cells)
+            return None if waiting else Searcher.FINISHED
         cell = min(open_cells, key=lambda c: (self.issued[c.index], c.index))  # take turns
         replica = self.issued[cell.index]
         params = {}
@@ -98,17 +97,20 @@ class CellSearcher(Searcher):
             "scheduled_at": time.time(),
         }
 
-    def replica_of(self, cell: int, pending: bool = False):
-        """The selected search trial of a cell whose search trials have all ended (None before, or
-        when none of them reported the objective). pending=True: True while the cell may still
-        hand out replicas."""
-        ended = self.ended[cell]
-        if len(ended) < self.spec.search.trials_per_cell:
-            return True if pending else None
-        scored = [(self.spec.objective.rank(m, loss, t), t) for t, (m, loss) in ended.items() if m is not None]
-        if not scored:
-            return False if pending else None  # every search trial failed: nothing to replicate
-        return min(scored)[1]
+    def search_ended(self, cell: int) -> bool:
+        return len(self.ended[cell]) >= self.spec.search.trials_per_cell
+
+    def replicas_left(self, cell: int) -> bool:
+        return self.replicas_issued[cell] < self.spec.replicas - 1
+
+    def selected(self, cell: int) -> str | None:
+        """The selected search trial of a cell whose search has ended; None before, or when none of
+        its search trials reported the objective (nothing to replicate)."""
+        if not self.search_ended(cell):
+            return None
+        scored = [(self.spec.objective.rank(m, loss, t), t) for t, (m, loss) in self.ended[cell].items()
+                  if m is not None]
+        return min(scored)[1] if scored else None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         cell = self.trial_cell.get(trial_id)

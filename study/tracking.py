@@ -43,8 +43,8 @@ def open_experiment(client: MlflowClient, spec: StudySpec, artifact_location: st
 
 
 def source_tags() -> dict[str, str]:
-    """MLflow's own source tags: the entry point and, in a git checkout, the commit (with a
-    `+dirty` note when the working tree has changes, so a result is never credited to a commit
+    """MLflow's own source tags: the entry point and, in a git checkout, the commit, with
+    `code.dirty` true when tracked files have changes (so a result is never credited to a commit
     that did not produce it)."""
     import subprocess
 
@@ -181,9 +181,9 @@ class StudyTracker(Callback):
     def _log_trial_plot(self, run_id: str, records: list[dict], trial_config: dict) -> None:
         import tempfile
 
-        from study.report import plot_trial
+        from study.report import plot_trial, train_sizes
 
-        train_length = trial_config["task"].get("params", {}).get("train_length", 0)
+        train_length, _ = train_sizes(trial_config["task"])
         with tempfile.TemporaryDirectory() as tmp:  # at the root: the compare view shows common artifacts
             self.client.log_artifact(run_id, plot_trial(records, train_length, f"{tmp}/accuracy_vs_length.png"))
 

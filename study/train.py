@@ -48,6 +48,7 @@ class StageClock:
     def __init__(self):
         self.t = time.time()
         self.laps: dict[str, float] = {}
+        self.reported = False
 
     def lap(self, stage: str) -> None:
         now = time.time()
@@ -55,10 +56,12 @@ class StageClock:
         self.t = now
 
     def metrics(self) -> dict[str, float]:
-        out = {f"startup/{k}_s": v for k, v in self.laps.items()}
-        if "first_step" in self.laps:
-            out.update({"startup/total_s": sum(self.laps.values()), "startup/first_step_at": self.t})
-        return out
+        """The stages, in the first report after the first step only (they do not change)."""
+        if "first_step" not in self.laps or self.reported:
+            return {}
+        self.reported = True
+        return {**{f"startup/{k}_s": v for k, v in self.laps.items()},
+                "startup/total_s": sum(self.laps.values()), "startup/first_step_at": self.t}
 
 
 class Diverged(FloatingPointError):
