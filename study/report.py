@@ -47,6 +47,7 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
             "seed": t["config"]["trial"]["seed"],
             "role": t["config"].get("role", "search"),
             "selected_from": t["config"].get("selected_from"),
+            "search_index": t["config"].get("search_index"),
             "status": t["status"],
             **{k: metrics.get(k) for k in [spec.objective.metric, *SUMMARY_COLUMNS]},
             **{k: metrics[k] for k in OPTIONAL_COLUMNS if k in metrics},
@@ -70,7 +71,8 @@ def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
         if candidates.empty:
             continue
         ranked = sorted(candidates.to_dict("records"),
-                        key=lambda r: spec.objective.rank(r[metric], r["val_loss"], r["trial_id"])
+                        key=lambda r: spec.objective.rank(r[metric], r["val_loss"],
+                                                          r.get("search_index", r["trial_id"]))
                         if spec.search is not None else (r["seed"],))
         best = ranked[0]
         runs = seed_runs(spec, group, best["trial_id"])

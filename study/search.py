@@ -35,6 +35,7 @@ class CellSearcher(Searcher):
         # and its replicas handed out so far
         self.ended: dict[int, dict[str, tuple]] = {c.index: {} for c in self.cells}
         self.params_of: dict[str, dict] = {}
+        self.search_index: dict[str, int] = {}
         self.replicas_issued = {c.index: 0 for c in self.cells}
         self.optuna: dict[int, OptunaSearch] = {}
         if spec.search is not None:
@@ -78,13 +79,15 @@ class CellSearcher(Searcher):
         if self.optuna:
             params = _flatten_suggestion(self.optuna[cell.index].suggest(trial_id))
             self.params_of[trial_id] = params
+            self.search_index[trial_id] = replica  # the order of suggestion within the cell
         self.issued[cell.index] += 1
         self.trial_cell[trial_id] = cell.index
         # a search compares configs on common random numbers; replicas differ by seed
         return self._config(cell, params, self.spec.seed + (0 if self.optuna else replica),
-                            role="search" if self.optuna else "replica")
+                            role="search" if self.optuna else "replica", search_index=replica)
 
-    def _config(self, cell, params: dict, seed: int, role: str, selected_from: str | None = None) -> dict:
+    def _config(self, cell, params: dict, seed: int, role: str, selected_from: str | None = None,
+                search_index: int | None = None) -> dict:
         return {
             "cell": cell.index,
             "params": params,
@@ -92,6 +95,7 @@ class CellSearcher(Searcher):
             "resources": self.resources,
             "role": role,  # search | replica (of the selected config; without a search, every trial)
             "selected_from": selected_from,
+            "search_index": search_index,  # breaks a tie in objective and val_loss (ObjectiveSpec.rank)
             # with max_concurrent_trials Tune asks for a trial when a slot is free: the trial's
             # start-up is measured from here (study/tracking.py, startup/from_schedule_s)
             "scheduled_at": time.time(),
@@ -108,8 +112,8 @@ class CellSearcher(Searcher):
         its search trials reported the objective (nothing to replicate)."""
         if not self.search_ended(cell):
             return None
-        scored = [(self.spec.objective.rank(m, loss, t), t) for t, (m, loss) in self.ended[cell].items()
-                  if m is not None]
+        scored = [(self.spec.objective.rank(m, loss, self.search_index[t]), t)
+                  for t, (m, loss) in self.ended[cell].items() if m is not None]
         return min(scored)[1] if scored else None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:

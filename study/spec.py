@@ -104,13 +104,14 @@ class ObjectiveSpec(Strict):
             )
         return self
 
-    def rank(self, value: float | None, val_loss: float | None, trial_id: str) -> tuple:
-        """Sort key of a trial, best first: the objective, ties broken by the lower validation loss
-        (then the trial id, so the order is total); a trial without a value ranks last."""
+    def rank(self, value: float | None, val_loss: float | None, order) -> tuple:
+        """Sort key of a trial, best first: the objective, ties broken by the lower validation loss,
+        then by `order` (the order the search suggested it: not the trial id, which is random, so
+        the same spec and seed select the same trial); a trial without a value ranks last."""
         def num(x):
             return float("inf") if x is None or x != x else float(x)
         v = num(value if self.mode == "min" or value is None else -value)
-        return (v, num(val_loss), trial_id)
+        return (v, num(val_loss), order)
 
 
 class SchedulerSpec(Strict):

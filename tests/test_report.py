@@ -233,3 +233,12 @@ def test_the_mlflow_ui_shows_the_selected_runs_in_headless_chromium(replicated):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_full_tie_goes_to_the_trial_suggested_first_not_to_a_random_id():
+    spec = spec_of()
+    rows = [("zz", "train_length=8", "search", None, 0, 1e-3, 1.0, 0.0, 16, 2, 0.5),
+            ("aa", "train_length=8", "search", None, 0, 2e-3, 1.0, 0.0, 16, 2, 0.9)]
+    results = frame(rows).assign(search_index=[0, 1])  # zz was suggested first; ids are random uuids
+    assert select(spec, results).trial_id.tolist() == ["zz"]
+    assert select(spec, results.assign(search_index=[1, 0])).trial_id.tolist() == ["aa"]
