@@ -33,6 +33,10 @@ from study.config import (
 
 EXTRAPOLATION_METRICS = ("acc_beyond", "exact_beyond")
 KINDS = ("loguniform", "uniform", "int", "choice")
+# names of what a study's storage holds besides the studies' folders (lower case: a case-insensitive
+# filesystem mixes MLflow.db and mlflow.db up); `<name>-...` too (SQLite's -journal, -wal, -shm)
+RESERVED_NAMES = {"mlflow.db": "the default MLflow database (sqlite:///<storage>/mlflow.db)",
+                  "mlartifacts": "MLflow's artifacts of a study in a bucket (<storage>/mlartifacts/<name>)"}
 # a search's points are validated as one product per cell while it is this small, else each
 # point once with the other parameters at their first point
 MAX_POINT_PRODUCT = 256
@@ -176,6 +180,10 @@ class StudySpec(Strict):
     def _not_a_relative_folder(cls, name):
         if name in (".", ".."):
             raise ValueError(f"{name!r} would put the study's folder outside --storage")
+        low = name.lower()
+        taken = next((r for r in RESERVED_NAMES if low == r or r == "mlflow.db" and low.startswith(r + "-")), None)
+        if taken:
+            raise ValueError(f"{name!r} is taken in --storage by {RESERVED_NAMES[taken]}; choose another name")
         return name
 
     @field_validator("search", mode="before")
@@ -371,7 +379,15 @@ def _set_path(cfg: dict, path: str, value: Any) -> None:
 
 
 def load_spec(path: str) -> StudySpec:
-    """Read and validate a study spec; errors name the field (`describe_errors`)."""
+    """Read and validate a study spec; errors name the field (`describe_errors`). A spec whose YAML
+    aliases would expand without bound (an alias bomb) is refused before it is loaded."""
+    from study.config import InputFileError
+    from study.preflight import YamlBomb, check_yaml_expansion
+
+    try:
+        check_yaml_expansion(path)
+    except YamlBomb as e:
+        raise InputFileError(str(e)) from None
     return StudySpec.model_validate(load_yaml(path, "a study spec"))
 
 

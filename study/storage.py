@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from contextlib import contextmanager
+from urllib.parse import unquote, urlsplit
 
 import pyarrow.fs as pafs
 
@@ -28,15 +30,48 @@ def is_uri(path: str) -> bool:
     return "://" in str(path)
 
 
+def local_path_of(uri: str) -> str | None:
+    """The path a `file:` URI names on this machine (`file:///x`, `file://localhost/x`), else None."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+        return None
+    return unquote(parts.path) or None
+
+
 def absolute(storage: str) -> str:
-    """A URI as given (less a trailing slash), a local path made absolute."""
-    return storage.rstrip("/") if is_uri(storage) else os.path.abspath(storage)
+    """A URI as given (less a trailing slash), a local path made absolute; a `file:` URI is the
+    local path it names (so `file:///new-dir` is created like `/new-dir`)."""
+    if is_uri(storage):
+        local = local_path_of(storage)
+        return os.path.abspath(local) if local else storage.rstrip("/")
+    return os.path.abspath(storage)
 
 
 def join(base: str, *parts: str) -> str:
+    """`base/part/...`; a URI's query string (if any) stays at the end, where it belongs."""
     if is_uri(base):
-        return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+        head, sep, query = base.partition("?")
+        return "/".join([head.rstrip("/"), *(p.strip("/") for p in parts)]) + sep + query
     return os.path.join(base, *parts)
+
+
+def redact(uri: str) -> str:
+    """The URI with any user:password@ part replaced by ***@, fit to be printed or stored."""
+    if not is_uri(uri):
+        return uri
+    scheme, _, rest = uri.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    return f"{scheme}://{authority}{slash}{path}"
+
+
+def userinfo(uri: str) -> str | None:
+    """The `user[:password]` part of a URI's authority (`s3://KEY:SECRET@bucket`), else None."""
+    if not is_uri(uri):
+        return None
+    authority = uri.partition("://")[2].partition("/")[0].partition("?")[0]
+    return authority.rpartition("@")[0] if "@" in authority else None
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -45,7 +80,7 @@ def resolve(path: str) -> tuple[pafs.FileSystem, str]:
         try:
             return pafs.FileSystem.from_uri(path)
         except (ValueError, OSError) as e:  # pyarrow: ArrowInvalid (a ValueError) or an OSError
-            raise StorageError(f"{path}: {e}") from None
+            raise StorageError(f"{redact(path)}: {_scrub(str(e), path)}") from None
     return pafs.LocalFileSystem(), os.path.abspath(path)
 
 
@@ -54,7 +89,15 @@ def exists(path: str) -> bool:
     try:
         return fs.get_file_info(inner).type != pafs.FileType.NotFound
     except OSError as e:
-        raise StorageError(f"{path}: {e}") from None
+        raise StorageError(f"{redact(path)}: {_scrub(str(e), path)}") from None
+
+
+def _scrub(message: str, uri: str) -> str:
+    """A store's error message without the credentials of `uri`, should it quote them."""
+    info = userinfo(uri)
+    for secret in filter(None, (info, *(info or "").split(":"))):
+        message = message.replace(secret, "***")
+    return message
 
 
 def upload_dir(local_dir: str, dest: str) -> None:
@@ -87,7 +130,29 @@ def check_writable(path: str) -> None:
                 raise OSError("the probe object read back different bytes")
         fs.delete_file(probe)
     except OSError as e:
-        raise StorageError(f"{path}: cannot write there: {str(e).splitlines()[0]}") from None
+        raise StorageError(f"{redact(path)}: cannot write there: {_scrub(str(e).splitlines()[0], path)}") from None
+
+
+@contextmanager
+def weights_only_loads():
+    """Every `torch.load` inside reads tensors and plain data only, whatever `weights_only` its caller
+    passes (DeepSpeed's ZeRO-3 reader passes False): a checkpoint is found through an MLflow tag
+    anyone with write access to the tracking store can set, and a pickle may run any code. The two
+    DeepSpeed classes its optimizer states hold are allowed (restored as data, no code of theirs runs)."""
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    saved = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # torch reads it at every load
+    try:
+        with torch.serialization.safe_globals([ZeroStageEnum, LossScaler]):
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = saved
 
 
 def uri_of(filesystem: pafs.FileSystem | None, path: str) -> str:

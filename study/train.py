@@ -81,10 +81,11 @@ def load_trained(checkpoint_dir: str):
     if cfg.deepspeed.zero_stage == 3:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag="checkpoint")
+        with storage.weights_only_loads():  # DeepSpeed's reader asks for weights_only=False
+            state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag="checkpoint")
     else:
         path = os.path.join(checkpoint_dir, "checkpoint", "mp_rank_00_model_states.pt")
-        state = torch.load(path, map_location="cpu", weights_only=False)["module"]
+        state = torch.load(path, map_location="cpu", weights_only=True)["module"]
     model.load_state_dict({k: v.float() for k, v in state.items()})
     return cfg, task, model.eval()
 

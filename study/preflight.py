@@ -1,0 +1,347 @@
+"""Checks of `study/run.py`'s flags and environment, before any work: each problem is one message
+naming the flag (run.py prints `error: <message>` and exits 2), never a traceback, and nothing is
+left behind (a probe folder made to test that a folder is writable is removed again).
+
+- `--storage`: a folder must be a folder (not a file, not under a file) that this user can create
+  or write; a `file:` URI is the local path it names; a bucket URI carries neither credentials
+  (`s3://KEY:SECRET@bucket`: use the environment or an instance role) nor a query string
+  (`?region=...`: the environment's AWS_REGION / AWS_ENDPOINT_URL say that).
+- `--mlflow-uri`: a tracking server (`http(s)://`) must answer its REST API within a few seconds;
+  a SQLite store's folder must be creatable; no password in the URI.
+- `--address` / RAY_ADDRESS: `local` in any spelling means the embedded loopback-only Ray
+  (`ray_address`); anything else must accept a TCP connection within a few seconds, before Ray
+  starts (a `ray.init` against nothing hangs for a minute and then fails in a traceback).
+- `--cluster`: one YAML mapping with `available_node_types`, each a mapping with numeric resources.
+- Any YAML read here or by `study.spec.load_spec`: aliases may not expand beyond MAX_YAML_EXPANSION
+  values (an alias bomb of a few hundred bytes would otherwise expand to billions).
+
+Nothing here imports Ray for the embedded case (its loopback switch must be set before that import).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import tempfile
+from urllib.parse import urlsplit
+
+from study import storage as store
+
+CONNECT_TIMEOUT_S = 3.0  # a TCP connect to the Ray cluster's GCS / client server
+HTTP_TIMEOUT_S = 5.0  # a tracking server's answer to one REST call
+MAX_YAML_DEPTH = 200  # nesting beyond which this check stops (study/config.py refuses 60 levels)
+MAX_YAML_EXPANSION = 100_000  # values a YAML file may hold once its aliases are expanded
+LOCAL_SPELLINGS = {"local", ""}  # Ray's own `address="local"`; RAY_ADDRESS="" is no address
+ENV_HINT = {
+    "s3": "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment, a profile, or the nodes' instance role",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS or the nodes' service account",
+    "gcs": "GOOGLE_APPLICATION_CREDENTIALS or the nodes' service account",
+}
+
+
+class YamlBomb(ValueError):
+    """A YAML file whose aliases expand to more values than MAX_YAML_EXPANSION."""
+
+
+# --- YAML ------------------------------------------------------------------------------------------
+def check_yaml_expansion(path: str, limit: int = MAX_YAML_EXPANSION) -> None:
+    """Raise YamlBomb (`file:line:column: ...`) if the aliases of the YAML at `path` expand to more
+    than `limit` values. Reads events only: nothing is expanded or constructed, and a file that is
+    not YAML is left to the loader to report."""
+    import yaml
+
+    sizes: dict[str, int] = {}  # anchor -> values under it, aliases expanded
+    stack: list[list] = []  # open collections: [values so far, anchor]
+    total, aliases = 0, False
+    with open(path, "rb") as f:
+        try:
+            for event in yaml.parse(f, Loader=yaml.SafeLoader):
+                if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                    if len(stack) >= MAX_YAML_DEPTH:
+                        return  # the loaders refuse this depth themselves, naming the key
+                    stack.append([1, event.anchor])
+                    continue
+                if isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                    size, anchor = stack.pop()
+                elif isinstance(event, yaml.ScalarEvent):
+                    size, anchor = 1, event.anchor
+                elif isinstance(event, yaml.AliasEvent):
+                    size, anchor, aliases = sizes.get(event.anchor, 1), None, True
+                else:
+                    continue
+                if anchor is not None:
+                    sizes[anchor] = size
+                if stack:
+                    stack[-1][0] += size
+                else:
+                    total += size
+                if aliases and (total + sum(s for s, _ in stack)) > limit:
+                    mark = event.start_mark
+                    raise YamlBomb(f"{path}:{mark.line + 1}:{mark.column + 1}: its aliases expand to more "
+                                   f"than {limit} values (a YAML alias bomb?); write the values out instead")
+        except yaml.YAMLError:
+            return
+
+
+def load_yaml_mapping(path: str, flag: str) -> tuple[dict | None, str | None]:
+    """(the mapping, None) or (None, an error naming `flag`) for a YAML file given on the command line."""
+    import yaml
+
+    try:
+        check_yaml_expansion(path)
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except YamlBomb as e:
+        return None, f"{flag}: {e}"
+    except OSError as e:
+        return None, f"{flag}: {path}: {e.strerror or e}"
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        return None, f"{flag}: {where}: {'; '.join(filter(None, [e.context, e.problem]))}"
+    except (yaml.YAMLError, ValueError) as e:
+        return None, f"{flag}: {path}: not YAML: {' '.join(str(e).split())}"
+    if not isinstance(data, dict):
+        what = "nothing" if data is None else f"a {type(data).__name__}"
+        return None, f"{flag}: {path} holds {what}, not a YAML mapping"
+    return data, None
+
+
+def check_cluster_yaml(path: str) -> str | None:
+    """A cluster-launcher YAML that `--dry-run --cluster` can read node types from."""
+    data, problem = load_yaml_mapping(path, "--cluster")
+    if problem:
+        return problem
+    types = data.get("available_node_types")
+    if not isinstance(types, dict) or not types:
+        return f"--cluster: {path}: available_node_types must be a mapping of node types (got {type(types).__name__})"
+    for name, node in types.items():
+        where = f"--cluster: {path}: available_node_types.{name}"
+        if not isinstance(node, dict):
+            return f"{where}: a node type is a mapping, not {type(node).__name__}"
+        resources = node.get("resources", {})
+        if not isinstance(resources, dict):
+            return f"{where}.resources: a mapping of resource -> amount, not {type(resources).__name__}"
+        for key, amount in resources.items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) \
+                    or amount < 0:
+                return f"{where}.resources.{key}: {amount!r} is not a non-negative number"
+        workers = node.get("max_workers", 0)
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            return f"{where}.max_workers: {workers!r} is not a non-negative integer"
+    return None
+
+
+# --- URIs ------------------------------------------------------------------------------------------
+def credentials_problem(flag: str, uri: str, hint: str) -> str | None:
+    """A URI that carries a password (or, for a bucket, any user part: an access key) is refused:
+    it would be printed, logged and stored in every trial's config. The message never repeats it."""
+    info = store.userinfo(uri)
+    if info is None:
+        return None
+    if ":" not in info and flag not in ("--storage",):
+        return None  # a user name alone (`postgresql://study@db/mlflow`) is no secret
+    return (f"{flag}: {store.redact(uri)}: credentials in the URI are refused (they would be echoed in "
+            f"messages and stored in every trial's config); remove them and use {hint}")
+
+
+def check_storage(storage: str) -> str | None:
+    if store.is_uri(storage):
+        scheme = storage.partition("://")[0].lower()
+        problem = credentials_problem("--storage", storage, ENV_HINT.get(scheme, "the store's own environment "
+                                                                               "variables or the nodes' role"))
+        if problem:
+            return problem
+        parts = urlsplit(storage)
+        if scheme == "file":
+            if store.local_path_of(storage) is None:
+                return (f"--storage: {storage}: a file: URI names a path on this machine "
+                        "(file:///absolute/path), with no host, query or fragment")
+        elif parts.query or parts.fragment or "?" in storage or "#" in storage:
+            return (f"--storage: {store.redact(storage)}: a query string or fragment is not supported (the study's "
+                    "folders are joined to the path); give the region or endpoint through the environment "
+                    "(AWS_REGION, AWS_ENDPOINT_URL) instead")
+        elif not parts.netloc:
+            return f"--storage: {storage}: no bucket (expected {scheme}://bucket/prefix)"
+        else:
+            return None  # reachability: study/run.py's probe object (store.check_writable)
+    return check_local_folder("--storage", store.absolute(storage))
+
+
+def check_local_folder(flag: str, folder: str, given: str | None = None) -> str | None:
+    """`folder` is a folder this process can write, or can be created: its nearest existing
+    ancestor is a folder in which a probe folder can be made (and is removed at once). `given`: what
+    the user wrote, when the folder is only part of it (a database file's folder)."""
+    flag = f"{flag}: {given}" if given else flag
+    nearest = folder
+    while not os.path.lexists(nearest):
+        parent = os.path.dirname(nearest)
+        if parent == nearest:
+            break
+        nearest = parent
+    if not os.path.isdir(nearest):
+        what = "a file" if os.path.isfile(nearest) else "not a folder"
+        return (f"{flag}: {folder}: {nearest} is {what}" if nearest != folder
+                else f"{flag}: {folder} is {what}, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".preflight-", dir=nearest))
+    except OSError as e:
+        verb = "write in" if nearest == folder else "create folders in"
+        return f"{flag}: {folder}: cannot {verb} {nearest}: {e.strerror or e}"
+    return None
+
+
+def check_mlflow_uri(uri: str, network: bool = True) -> str | None:
+    scheme = uri.partition(":")[0].lower()
+    problem = credentials_problem("--mlflow-uri", uri, "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / "
+                                                       "MLFLOW_TRACKING_PASSWORD (a database: PGPASSWORD, "
+                                                       "~/.pgpass or an option file)")
+    if problem:
+        return problem
+    if scheme == "sqlite":
+        path = uri.partition(":///")[2] if ":///" in uri else ""
+        if not path or path == ":memory:":
+            return f"--mlflow-uri: {uri}: expected sqlite:///path/to/mlflow.db"
+        path = os.path.abspath(path)
+        if os.path.isdir(path):
+            return f"--mlflow-uri: {uri}: {path} is a folder, not a database file"
+        return check_local_folder("--mlflow-uri", os.path.dirname(path), uri)
+    if scheme in ("http", "https"):
+        return check_tracking_server(uri) if network else None
+    return None
+
+
+def check_tracking_server(uri: str) -> str | None:
+    """One REST call (search one experiment) with a short timeout and no retries."""
+    import requests
+
+    url = uri.rstrip("/") + "/api/2.0/mlflow/experiments/search"
+    headers, auth = {}, None
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"
+    elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        auth = (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ.get("MLFLOW_TRACKING_PASSWORD", ""))
+    verify = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or \
+        os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() not in ("true", "1")
+    try:
+        answer = requests.get(url, params={"max_results": 1}, headers=headers, auth=auth, verify=verify,
+                              timeout=HTTP_TIMEOUT_S)
+    except requests.RequestException as e:
+        reason = type(e).__name__
+        if isinstance(e, requests.ConnectionError) and "refused" in str(e).lower():
+            reason = "connection refused"
+        elif isinstance(e, requests.Timeout):
+            reason = f"no answer within {HTTP_TIMEOUT_S:g} s"
+        return f"--mlflow-uri: {uri}: no MLflow tracking server answers there ({reason})"
+    if answer.status_code in (401, 403):
+        return (f"--mlflow-uri: {uri}: the tracking server refused us (HTTP {answer.status_code}); set "
+                "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
+    if answer.status_code != 200:
+        return (f"--mlflow-uri: {uri}: not an MLflow tracking server (HTTP {answer.status_code} from "
+                "/api/2.0/mlflow/experiments/search)")
+    return None
+
+
+# --- Ray ------------------------------------------------------------------------------------------
+def is_local(address: str | None) -> bool:
+    """Whether an --address / RAY_ADDRESS value asks for a Ray of our own (`local`, any case or
+    padding, quoted; empty; none)."""
+    return address is None or address.strip().strip("'\"").strip().lower() in LOCAL_SPELLINGS
+
+
+def ray_address(flag_value: str | None) -> str | None:
+    """The Ray cluster to join (`--address`, else RAY_ADDRESS), or None for the embedded local Ray,
+    which listens on 127.0.0.1 only. `local` in any spelling is None, and RAY_ADDRESS is then removed
+    from this process's environment, so that nothing started from here reads it as a cluster."""
+    value = flag_value if flag_value is not None else os.environ.get("RAY_ADDRESS")
+    if is_local(value):
+        if is_local(os.environ.get("RAY_ADDRESS")) or flag_value is not None:
+            os.environ.pop("RAY_ADDRESS", None)
+        return None
+    return value.strip()
+
+
+def check_address(flag_value: str | None, network: bool = True) -> str | None:
+    """A cluster address must accept a TCP connection (GCS `host:port`, a client server `ray://host:port`,
+    or `auto`: the last `ray start` on this machine) within CONNECT_TIMEOUT_S."""
+    flag = "--address" if flag_value is not None else "RAY_ADDRESS"
+    value = flag_value if flag_value is not None else os.environ.get("RAY_ADDRESS")
+    if is_local(value):
+        return None
+    address = value.strip()
+    problem = credentials_problem(flag, address, "the cluster's token (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN)") \
+        if store.is_uri(address) else None
+    if problem or not network:
+        return problem
+    target = address
+    if address.lower() == "auto":
+        try:
+            from ray._private.services import get_ray_address_from_environment
+
+            target = get_ray_address_from_environment("auto", None)
+        except Exception as e:  # noqa: BLE001 - Ray says why in its own words; no traceback for the user
+            return f"{flag}: auto: no running Ray cluster found on this machine ({' '.join(str(e).split())[:200]})"
+        if not target:
+            return f"{flag}: auto: no running Ray cluster found on this machine"
+    scheme, _, host_port = target.rpartition("://")
+    if scheme and scheme.lower() != "ray":
+        return f"{flag}: {store.redact(address)}: not a Ray address (host:port, ray://host:port, auto or local)"
+    host, sep, port = host_port.rstrip("/").rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{flag}: {store.redact(address)}: not a Ray address (host:port, ray://host:port, auto or local)"
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as e:
+        reason = "no answer within {:g} s".format(CONNECT_TIMEOUT_S) if isinstance(e, TimeoutError) \
+            else (e.strerror or str(e)).lower()
+        return f"{flag}: {store.redact(address)}: no Ray cluster answers at {host}:{port} ({reason})"
+    return None
+
+
+# --- all of study/run.py's flags -----------------------------------------------------------------
+def check_flags(args) -> str | None:
+    """The first problem with run.py's flags and environment, as `<flag>: <what is wrong>`, or None.
+    `--dry-run` checks everything but the network (a tracking server, a cluster's address)."""
+    network = not args.dry_run
+    if args.cluster is not None:
+        problem = check_cluster_yaml(args.cluster)
+        if problem:
+            return problem
+    problem = check_storage(args.storage)
+    if problem:
+        return problem
+    if args.mlflow_uri is not None:
+        problem = check_mlflow_uri(args.mlflow_uri, network)
+    elif store.is_uri(store.absolute(args.storage)):  # the default SQLite store beside the driver
+        problem = check_local_folder("--mlflow-uri (default ./studies/mlflow.db)", os.path.abspath("studies"))
+    if problem:
+        return problem
+    return check_address(args.address, network)
+
+
+def checkpoint_of_run(uri: str, run_id: str) -> str:
+    """The `checkpoint` tag of an MLflow trial run, for the analysis CLIs' `--mlflow-run`; a run that
+    does not exist, a tracking store that cannot be read, or a run without the tag is a ValueError
+    naming the flag (their `main` prints it and exits 2)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    problem = check_mlflow_uri(uri)
+    if not problem and uri.lower().startswith("sqlite:///"):  # MLflow would create an empty one
+        path = os.path.abspath(uri.partition(":///")[2])
+        if not os.path.isfile(path):
+            problem = f"--mlflow-uri: {uri}: no MLflow database at {path}"
+    if problem:
+        raise ValueError(problem)
+    try:
+        run = MlflowClient(uri).get_run(run_id)
+    except MlflowException as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--mlflow-run: no run {run_id!r} in {store.redact(uri)} ({first})") from None
+    checkpoint = run.data.tags.get("checkpoint")
+    if not checkpoint:
+        raise ValueError(f"--mlflow-run: run {run_id} has no `checkpoint` tag (not a trial run of a study?)")
+    return checkpoint
