@@ -116,9 +116,8 @@ def test_no_private_port_is_open_to_the_world():
         assert "--dashboard-host=127.0.0.1" in head_cmds, name
         assert re.search(r"mlflow server[^;&|]*--host 127\.0\.0\.1", head_cmds), name
         assert "0.0.0.0" not in head_cmds, name
-    raycluster = next(d for d in yaml.safe_load_all(KUBERAY["raycluster"].read_text()) if d.get("kind") == "RayCluster")
-    head_params = raycluster["spec"]["headGroupSpec"]["rayStartParams"]
-    assert head_params.get("dashboard-host") == "127.0.0.1"
+    # KubeRay: the job API answers on the head Service (in the Kubernetes cluster only, with the
+    # token): test_kuberay_job_api_is_in_cluster_only_and_token_authenticated
 
 
 def _walk(node, key):
@@ -150,20 +149,75 @@ def test_no_credentials_in_any_file():
 
 
 # --- 3. KubeRay manifests -----------------------------------------------------------------------
+# KubeRay's own CRD schemas (operator v1.6.0, Apache-2.0; tests/data/kuberay/*.schema.json say where
+# from): every field of the manifests is checked as the API server checks it with strict field
+# validation (kubectl's default): an unknown or misspelled field is an error, not silently dropped.
+KUBERAY_SCHEMAS = ROOT / "tests" / "data" / "kuberay"
+
+
+def crd_validator(kind: str):
+    import jsonschema
+
+    data = json.loads((KUBERAY_SCHEMAS / f"{kind.lower()}s.v1.schema.json").read_text())
+    assert data["kind"] == kind and data["license"].startswith("Apache-2.0")
+    return jsonschema.Draft7Validator(_strict(data["openAPIV3Schema"]))
+
+
+def _strict(schema):
+    """A structural schema as the API server applies it with strict field validation: an object with
+    `properties` admits no other field (unless x-kubernetes-preserve-unknown-fields), and
+    int-or-string fields take either."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if out.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def schema_errors(kind: str, doc: dict) -> list[str]:
+    return sorted(f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+                  for e in crd_validator(kind).iter_errors(doc))
+
+
+def kuberay_docs() -> dict[str, dict]:
+    docs = [d for path in KUBERAY.values() for d in yaml.safe_load_all(path.read_text()) if d]
+    return {d["kind"]: d for d in docs}
+
+
+def test_kuberay_manifests_match_the_crd_schema():
+    docs = kuberay_docs()
+    for kind in ("RayCluster", "RayJob"):
+        assert docs[kind]["apiVersion"] == "ray.io/v1"
+        assert schema_errors(kind, docs[kind]) == [], kind
+    # the check is real: a misspelled field, a wrong type, a value outside an enum
+    rc = json.loads(json.dumps(docs["RayCluster"]))
+    rc["spec"]["headGroupSpec"]["rayStartParam"] = rc["spec"]["headGroupSpec"].pop("rayStartParams")
+    rc["spec"]["workerGroupSpecs"][0]["minReplicas"] = "0"
+    rc["spec"]["authOptions"]["mode"] = "tokens"
+    errors = " | ".join(schema_errors("RayCluster", rc))
+    for expected in ("'rayStartParam' was unexpected", "minReplicas: '0' is not of type 'integer'",
+                     "authOptions.mode: 'tokens' is not one of"):
+        assert expected in errors, errors
+    job = json.loads(json.dumps(docs["RayJob"]))
+    job["spec"]["submitterPodTemplate"]["spec"]["containers"][0]["envv"] = []
+    assert any("'envv' was unexpected" in e for e in schema_errors("RayJob", job))
+
+
 def test_kuberay_manifests():
-    """Not checked against the KubeRay CRD schema (it was not fetched: the CRDs ship in KubeRay's
-    Helm chart / GitHub release, and no registry package providing them was found or tried), so this
-    checks the fields the manifests use against the ray.io/v1 RayCluster and RayJob APIs: apiVersion, kind, headGroupSpec/workerGroupSpecs,
-    enableInTreeAutoscaling, minReplicas 0, nvidia.com/gpu limits matching the declared GPU
-    resource, rayStartParams values being strings, and the RayJob's entrypoint."""
-    docs = [d for d in yaml.safe_load_all(KUBERAY["raycluster"].read_text()) if d]
-    rc = next(d for d in docs if d["kind"] == "RayCluster")
-    assert rc["apiVersion"] == "ray.io/v1" and rc["metadata"]["name"]
+    """What the schema cannot say: enableInTreeAutoscaling, minReplicas 0, nvidia.com/gpu limits
+    matching the declared GPU resource, rayStartParams values being strings, the RayJob's entrypoint."""
+    docs = kuberay_docs()
+    rc = docs["RayCluster"]
+    assert rc["metadata"]["name"]
     spec = rc["spec"]
     assert spec["enableInTreeAutoscaling"] is True
     assert spec["rayVersion"] == "2.60.0"
-    assert set(spec) <= {"rayVersion", "enableInTreeAutoscaling", "autoscalerOptions", "headGroupSpec",
-                         "workerGroupSpecs", "headServiceAnnotations", "suspend"}
     _check_group(spec["headGroupSpec"], head=True)
     groups = {g["groupName"]: g for g in spec["workerGroupSpecs"]}
     assert {"gpu-1-spot", "gpu-1-ondemand", "gpu-8-spot", "gpu-8-ondemand"} <= set(groups)
@@ -172,16 +226,115 @@ def test_kuberay_manifests():
         gpus = _check_group(group, head=False)
         assert gpus == (8 if name.startswith("gpu-8") else 1), name
 
-    job = load(KUBERAY["rayjob"])
-    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
-    jspec = job["spec"]
-    assert set(jspec) <= {"entrypoint", "runtimeEnvYAML", "rayClusterSpec", "clusterSelector",
-                          "shutdownAfterJobFinishes", "ttlSecondsAfterFinished", "submissionMode",
-                          "activeDeadlineSeconds", "backoffLimit", "entrypointNumCpus", "suspend"}
+    jspec = docs["RayJob"]["spec"]
     assert ("rayClusterSpec" in jspec) != ("clusterSelector" in jspec)
     assert "python study/run.py --space search_spaces/paper_sparse_parity.yaml" in jspec["entrypoint"]
     if "clusterSelector" in jspec:
         assert jspec["clusterSelector"]["ray.io/cluster"] == rc["metadata"]["name"]
+
+
+# How the operator labels the pods (KubeRay ray-operator/controllers/ray/utils/constant.go and
+# rayjob_controller.go getSubmitterTemplate; Helm chart labels of the operator's own pod)
+def submitter_pod_labels(job: dict) -> dict:
+    template = job["spec"].get("submitterPodTemplate", {}).get("metadata", {}).get("labels", {})
+    return {**template, "ray.io/originated-from-cr-name": job["metadata"]["name"],
+            "ray.io/originated-from-crd": "RayJob", "app.kubernetes.io/created-by": "kuberay-operator"}
+
+
+def ray_pod_labels(rc: dict, node_type: str) -> dict:
+    return {"ray.io/cluster": rc["metadata"]["name"], "ray.io/node-type": node_type}
+
+
+OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator", "app.kubernetes.io/component": "kuberay-operator"}
+
+
+def _selects(selector: dict | None, labels: dict) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions) against a pod's labels."""
+    if selector is None:
+        return True
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values) \
+                or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+            return False
+    return True
+
+
+def admitted(policies: list[dict], target: dict, source: dict, same_namespace: bool, port: int) -> bool:
+    """Whether NetworkPolicies admit a TCP connection from a pod with `source` labels to `port` of a pod
+    with `target` labels (Kubernetes semantics: a pod no Ingress policy selects admits everything)."""
+    selecting = [p for p in policies if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                 and _selects(p["spec"]["podSelector"], target)]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            if ports and not any(p.get("protocol", "TCP") == "TCP" and p.get("port") in (None, port) for p in ports):
+                continue
+            peers = rule.get("from")
+            if not peers:
+                return True  # from everywhere
+            for peer in peers:
+                if "ipBlock" in peer:
+                    return True  # addresses: anything outside the pod network too
+                ns_ok = _selects(peer["namespaceSelector"], {}) if "namespaceSelector" in peer else same_namespace
+                if ns_ok and _selects(peer.get("podSelector"), source):
+                    return True
+    return False
+
+
+def test_kuberay_job_api_is_in_cluster_only_and_token_authenticated():
+    """The RayJob path works (its submitter reaches the job API through the head Service, with the
+    token) and nothing else does: no other pod of the Kubernetes cluster reaches 8265, 6379 or 10001,
+    and nothing outside it reaches the Service at all."""
+    docs = [d for path in KUBERAY.values() for d in yaml.safe_load_all(path.read_text()) if d]
+    rc = next(d for d in docs if d["kind"] == "RayCluster")
+    job = next(d for d in docs if d["kind"] == "RayJob")
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    head = rc["spec"]["headGroupSpec"]
+
+    # reachable through the head Service: the dashboard listens on the pod's address, port 8265
+    assert head["rayStartParams"].get("dashboard-host") == "0.0.0.0", \
+        "with 127.0.0.1 nothing answers on the head Service's 8265, which the RayJob submitter uses"
+    assert head.get("serviceType", "ClusterIP") == "ClusterIP"
+    ports = {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]}
+    assert {6379, 8265, 10001} <= ports
+    assert job["spec"]["clusterSelector"]["ray.io/cluster"] == rc["metadata"]["name"]
+    assert job["spec"].get("submissionMode", "K8sJobMode") == "K8sJobMode"
+
+    # in-cluster only: who may connect to which port of the head
+    assert policies, "a NetworkPolicy guards the cluster's ports"
+    head_pod = ray_pod_labels(rc, "head")
+    worker = ray_pod_labels(rc, "worker")
+    submitter = submitter_pod_labels(job)
+    for port in (6379, 8265, 10001):
+        assert admitted(policies, head_pod, worker, True, port), port  # the cluster itself
+        assert not admitted(policies, head_pod, {"app": "anything-else"}, True, port), port
+        assert not admitted(policies, head_pod, {"app": "anything-else"}, False, port), port
+    assert admitted(policies, head_pod, submitter, True, 8265)  # the RayJob submitter: the job API
+    assert admitted(policies, head_pod, OPERATOR_LABELS, False, 8265)  # the operator polls job status
+    for port in (6379, 10001):
+        assert not admitted(policies, head_pod, submitter, True, port), port
+    assert not admitted(policies, head_pod, submitter, False, 8265), "a RayJob of another namespace"
+    for policy in policies:  # nothing outside the pod network, and the cluster's workers are covered
+        assert _selects(policy["spec"]["podSelector"], worker)
+        assert not any("ipBlock" in peer for rule in policy["spec"]["ingress"] for peer in rule.get("from", []))
+
+    # token-authenticated: the operator injects the token everywhere, the Ray containers and the
+    # submitter name it too, all from one Secret
+    auth = rc["spec"]["authOptions"]
+    assert auth["mode"] == "token" and auth["secretName"]
+    containers = [head["template"]["spec"]["containers"][0]] + [
+        g["template"]["spec"]["containers"][0] for g in rc["spec"]["workerGroupSpecs"]]
+    containers.append(job["spec"]["submitterPodTemplate"]["spec"]["containers"][0])
+    for container in containers:
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env["RAY_AUTH_MODE"]["value"] == "token", container["name"]
+        ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (auth["secretName"], "auth_token"), container["name"]
 
 
 def _check_group(group: dict, head: bool) -> int:

@@ -242,12 +242,19 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
             s["base"], "positional", {**s["base"].get("positional", {}), "id_window": 1, "id_window_heads": 64}))
     if is_free(raw, "optim.batch_size"):
         bad("batch-huge", "optim.batch_size", lambda s: set_path(s["base"], "optim.batch_size", 10**9))
+    bad("name-reserved", "name", lambda s: s.update(name=rng.choice(["mlflow.db", "MLflow.DB", "mlartifacts",
+                                                                    "mlflow.db-wal"])))
     good("metric-at-end-single-report", lambda s: (
         s.update(objective={"metric": final, "mode": "max"}), set_path(s["base"], "eval.every_steps", steps)))
     return cases + yaml_cases(name, path.read_text(), rng)
 
 
 # --- YAML itself -------------------------------------------------------------------------------
+# nine anchors, each a list of nine aliases of the one before: 9**9 values once expanded
+ALIAS_BOMB = "".join(f"{a}: &{a} [{', '.join([f'*{p}' if p else '{}'] * 9)}]\n"
+                     for p, a in zip(["", *"abcdefgh"], "abcdefghi"))
+
+
 def yaml_cases(name: str, text: str, rng: random.Random) -> list[Case]:
     where = r"\.yaml:\d+:\d+: "
     broken = rng.choice(["oops: [1, 2\n", "oops: {a: 1\n", "oops: 'open\n", "oops: a: b\n", "\t- tab\n", "@x\n"])
@@ -268,6 +275,7 @@ def yaml_cases(name: str, text: str, rng: random.Random) -> list[Case]:
     nested_key = line.strip().split(":")[0]
     cases.append(Case(f"{name}-yaml-duplicate-nested", "".join(lines[:i + 1] + [line] + lines[i + 1:]),
                       where + re.escape(f"{parent}.{nested_key}: duplicate key"), regex=True))
+    cases.append(Case(f"{name}-yaml-alias-bomb", text + ALIAS_BOMB, where + r".*aliases expand", regex=True))
     return cases
 
 
@@ -345,6 +353,7 @@ def check_message(case: Case, err: str) -> None:
     assert (re.search(case.field, err) if case.regex else case.field in err), (case.field, err)
 
 
+@pytest.mark.timeout(60)  # each takes well under a second; an alias bomb would take hours
 @pytest.mark.parametrize("case", STUDY_CASES, ids=lambda c: c.id)
 def test_study_spec_mutation(case: Case, tmp_path, capsys):
     spec = tmp_path / "spec.yaml"
@@ -361,6 +370,7 @@ def test_study_spec_mutation(case: Case, tmp_path, capsys):
     assert not storage.exists()
 
 
+@pytest.mark.timeout(60)  # each takes well under a second; an alias bomb would take hours
 @pytest.mark.parametrize("case", TRIAL_CASES, ids=lambda c: c.id)
 def test_trial_config_mutation(case: Case, tmp_path, capsys):
     trial = tmp_path / "trial.yaml"
@@ -437,3 +447,320 @@ def test_real_processes_exit_2_without_a_traceback(tmp_path):
         assert out.returncode == 2, (args, out.stdout[-2000:], out.stderr[-2000:])
         assert named in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not storage.exists()
+
+
+# --- flags and environment: the same contract for what is around the spec ----------------------------
+# study/preflight.py. Every case runs study/run.py's `main` in-process without --dry-run (so the
+# network checks run too), with the study's start replaced by a tripwire: a flag that gets past the
+# checks fails the test at once instead of starting Ray. Cases come from the same seeded generator.
+SECRETS = ("AKIAEXAMPLEKEY0000000", "wJalrXUtnFEMI-not-a-real-secret", "hunter2-s3cret")
+
+
+@dataclass
+class FlagCase:
+    """Flags (and environment) around a valid spec that must be refused naming `named`. `make`
+    turns tmp_path into (argv, env); `secret`: a string that must not be echoed."""
+
+    id: str
+    make: object
+    named: str
+    secret: str | None = None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _unwritable(tmp_path: Path, rng: random.Random) -> Path:
+    """A folder this process cannot create anything in: a read-only folder, or (root ignores
+    permissions) a pseudo-filesystem that refuses new entries."""
+    import os
+
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    return Path("/sys")
+
+
+def flag_cases(rng: random.Random) -> list[FlagCase]:
+    cases: list[FlagCase] = []
+
+    def case(id_, named, secret=None):
+        def register(make):
+            cases.append(FlagCase(id_, make, named, secret))
+            return make
+        return register
+
+    # --cluster: malformed, a list, empty, a scalar, an alias bomb, node types that are no mapping
+    cluster_texts = {
+        "malformed": rng.choice(["available_node_types: {a: 1\n", "x: [1, 2\n", "a: b: c\n", "\t- tab\n"]),
+        "list": rng.choice(["- a\n- b\n", "[1, 2, 3]\n", "- available_node_types: {}\n"]),
+        "empty": rng.choice(["", "\n\n", "# only a comment\n", "---\n"]),
+        "scalar": rng.choice(["hello\n", "42\n", "null\n"]),
+        "alias-bomb": ALIAS_BOMB,
+        "node-types-list": "available_node_types: [gpu, cpu]\n",
+        "resources-text": "available_node_types:\n  gpu: {resources: {CPU: many, GPU: 1}, max_workers: 1}\n",
+        "max-workers-negative": "available_node_types:\n  gpu: {resources: {CPU: 8, GPU: 1}, max_workers: -3}\n",
+    }
+    for kind, text in cluster_texts.items():
+        @case(f"cluster-{kind}", "--cluster")
+        def _(tmp, text=text):
+            path = tmp / "cluster.yaml"
+            path.write_text(text)
+            return ["--cluster", str(path)], {}
+
+    @case("cluster-missing", "--cluster")
+    def _(tmp):
+        return ["--cluster", str(tmp / "no-such-cluster.yaml")], {}
+
+    # --storage: a file, under a file, an unwritable folder, a file: URI of another host, a query
+    # string, credentials
+    @case("storage-is-a-file", "--storage")
+    def _(tmp):
+        (tmp / "afile").write_text("x")
+        return ["--storage", str(tmp / "afile")], {}
+
+    @case("storage-under-a-file", "--storage")
+    def _(tmp):
+        (tmp / "afile").write_text("x")
+        return ["--storage", str(tmp / "afile" / "sub" / "studies")], {}
+
+    @case("storage-unwritable-folder", "--storage")
+    def _(tmp):
+        return ["--storage", str(_unwritable(tmp, rng))], {}
+
+    @case("storage-in-an-unwritable-folder", "--storage")
+    def _(tmp):
+        return ["--storage", str(_unwritable(tmp, rng) / "studies")], {}
+
+    @case("storage-file-uri-of-a-host", "--storage")
+    def _(tmp):
+        return ["--storage", f"file://{rng.choice(['otherhost', 'example.com'])}{tmp}/studies"], {}
+
+    for scheme in ("s3", "gs"):
+        query = rng.choice(["region=us-west-2", "endpoint_override=127.0.0.1:9000", "scheme=http&region=x"])
+
+        @case(f"storage-{scheme}-query-string", "--storage")
+        def _(tmp, scheme=scheme, query=query):
+            return ["--storage", f"{scheme}://bucket/studies?{query}"], {}
+
+        key, secret = rng.choice(SECRETS[:1]), rng.choice(SECRETS[1:])
+
+        @case(f"storage-{scheme}-credentials", "--storage", secret)
+        def _(tmp, scheme=scheme, key=key, secret=secret):
+            return ["--storage", f"{scheme}://{key}:{secret}@bucket/studies"], {}
+
+    # --mlflow-uri: nothing answers, something that is not MLflow answers, credentials, a SQLite
+    # store whose folder cannot be made
+    @case("mlflow-nothing-answers", "--mlflow-uri")
+    def _(tmp):
+        return ["--mlflow-uri", f"http://127.0.0.1:{_free_port()}"], {}
+
+    @case("mlflow-not-a-tracking-server", "--mlflow-uri")
+    def _(tmp):
+        return ["--mlflow-uri", _not_mlflow_server()], {}
+
+    @case("mlflow-credentials", "--mlflow-uri", SECRETS[2])
+    def _(tmp):
+        return ["--mlflow-uri", f"http://user:{SECRETS[2]}@127.0.0.1:{_free_port()}"], {}
+
+    @case("mlflow-sqlite-under-a-file", "--mlflow-uri")
+    def _(tmp):
+        (tmp / "afile").write_text("x")
+        return ["--mlflow-uri", f"sqlite:///{tmp}/afile/mlflow.db"], {}
+
+    @case("mlflow-sqlite-unwritable", "--mlflow-uri")
+    def _(tmp):
+        return ["--mlflow-uri", f"sqlite:///{_unwritable(tmp, rng)}/new/mlflow.db"], {}
+
+    # --address / RAY_ADDRESS: nothing answers (a GCS or a Ray client address), not an address,
+    # credentials
+    @case("address-nothing-answers", "--address")
+    def _(tmp):
+        return ["--address", f"{rng.choice(['127.0.0.1', 'localhost'])}:{_free_port()}"], {}
+
+    @case("address-ray-client-nothing-answers", "--address")
+    def _(tmp):
+        return ["--address", f"ray://127.0.0.1:{_free_port()}"], {}
+
+    @case("address-not-an-address", "--address")
+    def _(tmp):
+        return ["--address", rng.choice(["somewhere", "http://127.0.0.1:8265", "127.0.0.1:99999", ":6379"])], {}
+
+    @case("address-credentials", "--address", SECRETS[2])
+    def _(tmp):
+        return ["--address", f"ray://admin:{SECRETS[2]}@127.0.0.1:{_free_port()}"], {}
+
+    @case("ray-address-env-nothing-answers", "RAY_ADDRESS")
+    def _(tmp):
+        return [], {"RAY_ADDRESS": f"127.0.0.1:{_free_port()}"}
+
+    return cases
+
+
+_SERVERS: list = []
+
+
+def _not_mlflow_server() -> str:
+    """An HTTP server on 127.0.0.1 that answers every request with 404 (a web server, not MLflow)."""
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _SERVERS.append(server)
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+FLAG_CASES = flag_cases(RNG)
+
+
+@pytest.fixture
+def no_study_starts(monkeypatch):
+    """A tripwire in place of the study: reaching it means a bad flag got through."""
+    from study import tuning
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("the study started: the flags were not refused")
+
+    monkeypatch.setattr(tuning, "run_study", tripwire)
+    monkeypatch.setattr(tuning, "start_ray", tripwire)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+@pytest.mark.parametrize("case", FLAG_CASES, ids=lambda c: c.id)
+def test_bad_flag_or_environment(case: FlagCase, tmp_path, capsys, monkeypatch, no_study_starts):
+    import time
+
+    storage = tmp_path / "storage"
+    argv, env = case.make(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    if "--storage" not in argv:
+        argv = [*argv, "--storage", str(storage)]
+    monkeypatch.chdir(tmp_path)  # the default SQLite store of a bucket study would go to ./studies
+    t0 = time.time()
+    code = run_cli.main(["--space", str(ROOT / "search_spaces" / "smoke.yaml"), *argv])
+    elapsed = time.time() - t0
+    out, err = capsys.readouterr()
+    assert code == 2, f"accepted: {argv} {env}\n{out}\n{err}"
+    assert err.startswith("error: ") and "Traceback" not in err, err
+    assert case.named in err.splitlines()[0], (case.named, err)
+    if case.secret:
+        assert case.secret not in out + err, err
+    assert elapsed < 20, f"refused only after {elapsed:.0f} s"
+    assert not storage.exists() and not (tmp_path / "studies").exists()
+    assert not list(tmp_path.glob("**/.preflight-*"))
+
+
+def test_the_flag_corpus_covers_every_kind():
+    kinds = {c.named for c in FLAG_CASES}
+    assert {"--cluster", "--storage", "--mlflow-uri", "--address", "RAY_ADDRESS"} <= kinds
+    assert len(FLAG_CASES) >= 25
+
+
+def test_a_file_uri_is_the_local_folder_it_names(tmp_path, capsys):
+    """`--storage file:///new-dir` is a folder like `/new-dir`: accepted, made where the path says
+    (the probe of a real run: tests/test_preflight.py), and the tracking store goes beside it."""
+    from study import storage as store
+
+    folder = tmp_path / "new" / "dir"
+    for uri in (f"file://{folder}", f"file://localhost{folder}", f"file://{folder}/"):
+        assert store.absolute(uri) == str(folder)
+        assert not store.is_uri(store.absolute(uri))
+    assert run_cli.main(["--space", str(ROOT / "search_spaces" / "smoke.yaml"), "--storage", f"file://{folder}",
+                         "--dry-run"]) == 0
+    assert not folder.exists()  # a dry run writes nothing
+
+
+def test_a_query_string_stays_at_the_end_of_a_joined_uri():
+    from study import storage as store
+
+    assert store.join("s3://b/p?region=x", "study", "tune") == "s3://b/p/study/tune?region=x"
+    assert store.join("s3://b/p/", "study") == "s3://b/p/study"
+
+
+def test_storage_errors_do_not_echo_credentials():
+    from study import storage as store
+
+    uri = f"s3://{SECRETS[0]}:{SECRETS[1]}@no-such-bucket-here/p"
+    assert store.redact(uri) == "s3://***@no-such-bucket-here/p"
+    with pytest.raises(store.StorageError) as e:
+        store.resolve(f"nosuchscheme://{SECRETS[0]}:{SECRETS[1]}@bucket/p")
+    assert SECRETS[0] not in str(e.value) and SECRETS[1] not in str(e.value)
+
+
+@pytest.mark.parametrize("spelling", ["local", "LOCAL", " Local ", "'local'", ""])
+def test_local_in_any_spelling_is_the_embedded_ray(spelling, monkeypatch):
+    from study.preflight import check_address, ray_address
+
+    assert ray_address(spelling) is None and check_address(spelling) is None
+    monkeypatch.setenv("RAY_ADDRESS", spelling)
+    assert ray_address(None) is None and check_address(None) is None
+    import os
+
+    assert "RAY_ADDRESS" not in os.environ  # nothing started from here reads it as a cluster
+
+
+@pytest.mark.timeout(60)
+def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path, capsys):
+    spec = tmp_path / "bomb.yaml"
+    spec.write_text((ROOT / "search_spaces" / "smoke.yaml").read_text() + ALIAS_BOMB)
+    storage = tmp_path / "storage"
+    assert run_cli.main(["--space", str(spec), "--storage", str(storage), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert re.match(r"error: .*bomb\.yaml:\d+:\d+: .*alias", err), err
+    assert not storage.exists()
+
+
+@pytest.mark.parametrize("name", ["mlflow.db", "MLflow.db", "mlflow.db-journal", "mlartifacts"])
+def test_a_study_may_not_be_named_like_what_its_storage_holds(name, tmp_path, capsys):
+    spec = yaml.safe_load((ROOT / "search_spaces" / "smoke.yaml").read_text())
+    path = tmp_path / "spec.yaml"
+    path.write_text(dump({**spec, "name": name}))
+    storage = tmp_path / "storage"
+    assert run_cli.main(["--space", str(path), "--storage", str(storage)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "name:" in err and "Traceback" not in err, err
+    assert not storage.exists()
+
+
+def _mlflow_store(tmp_path: Path) -> str:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    client.create_run(client.create_experiment("exp"))  # a run without a checkpoint tag
+    return uri
+
+
+@pytest.mark.parametrize("cli", ["study.sparsity", "study.loss_gap"])
+def test_mlflow_run_unknown_or_unusable(cli, tmp_path, capsys):
+    import importlib
+
+    main = importlib.import_module(cli).main
+    uri = _mlflow_store(tmp_path)
+    capsys.readouterr()  # MLflow's lines about making the store
+    out = tmp_path / "out"
+    for run_id, named in [("0123456789abcdef0123456789abcdef", "--mlflow-run"), ("not-a-run", "--mlflow-run")]:
+        assert main(["--mlflow-run", run_id, "--mlflow-uri", uri, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {named}") and run_id in err and "Traceback" not in err, err
+    # a store that does not exist is not made (an empty one would say "no such run")
+    missing = tmp_path / "missing" / "mlflow.db"
+    assert main(["--mlflow-run", "abc", "--mlflow-uri", f"sqlite:///{missing}", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("error: --mlflow-uri") and not missing.parent.exists()
+    assert not out.exists()
