@@ -95,13 +95,14 @@ def test_no_private_port_is_open_to_the_world():
         if sources & WORLD:
             assert not _ports(rule) & PRIVATE_PORTS, f"aws.yaml opens {_ports(rule) & PRIVATE_PORTS} to the world"
 
-    gcp = load(LAUNCHER["gcp"])
-    firewalls = gcp["provider"].get("firewall_rules", [])
-    assert firewalls, "gcp.yaml documents its firewall rules"
-    for rule in firewalls:
-        if set(rule.get("sourceRanges", [])) & WORLD:
-            for allowed in rule.get("allowed", []):
-                assert not _ports(allowed) & PRIVATE_PORTS, f"gcp.yaml rule {rule['name']} opens a private port"
+    rules = gcp_network_commands("YOUR-PROJECT-ID", "203.0.113.10/32")["firewall-rules"]
+    assert rules, "cluster/gcp-network.sh creates gcp.yaml's firewall rules"
+    for rule in rules:
+        if set(rule.get("source-ranges", "").split(",")) & WORLD or not (
+                rule.get("source-ranges") or rule.get("source-tags")):  # GCP: no source = 0.0.0.0/0
+            for allowed in rule["allow"].split(","):
+                proto, _, ports = allowed.partition(":")
+                assert ports and not _ports({"ports": [ports]}) & PRIVATE_PORTS, f"{rule['name']} opens a private port"
 
     for doc in yaml.safe_load_all(KUBERAY["raycluster"].read_text()):
         for service in _walk(doc, "serviceType"):
@@ -118,6 +119,79 @@ def test_no_private_port_is_open_to_the_world():
         assert "0.0.0.0" not in head_cmds, name
     # KubeRay: the job API answers on the head Service (in the Kubernetes cluster only, with the
     # token): test_kuberay_job_api_is_in_cluster_only_and_token_authenticated
+
+
+GCP_NETWORK = CLUSTER / "gcp-network.sh"
+FAKE_GCLOUD = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["GCLOUD_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+"""
+
+
+def gcp_network_commands(project: str, ssh_from: str, tmp: Path | None = None) -> dict:
+    """Run cluster/gcp-network.sh with a `gcloud` that records its arguments: what it would create,
+    {"networks": [...], "subnets": [...], "firewall-rules": [...]}, each a dict of its flags (and name)."""
+    tmp = Path(tempfile.mkdtemp(prefix="gcloud-")) if tmp is None else tmp
+    (tmp / "gcloud").write_text(FAKE_GCLOUD)
+    (tmp / "gcloud").chmod(0o755)
+    log = tmp / "gcloud.log"
+    log.write_text("")
+    env = {"PATH": f"{tmp}:/usr/bin:/bin", "GCLOUD_LOG": str(log)}
+    out = subprocess.run(["bash", str(GCP_NETWORK), project, ssh_from], env=env, capture_output=True, text=True,
+                         timeout=60)
+    made: dict = {"networks": [], "subnets": [], "firewall-rules": [], "returncode": out.returncode,
+                  "stderr": out.stderr}
+    for line in log.read_text().splitlines():
+        args = json.loads(line)
+        assert args[:1] == ["compute"] and "create" in args, args
+        what = "subnets" if args[1:3] == ["networks", "subnets"] else args[1]
+        name = args[args.index("create") + 1]
+        flags, rest = {"name": name}, args[args.index("create") + 2:]
+        for i, a in enumerate(rest):
+            if a.startswith("--"):
+                value = rest[i + 1] if i + 1 < len(rest) and not rest[i + 1].startswith("--") else True
+                flags[a[2:]] = value
+        made[what].append(flags)
+    return made
+
+
+def test_gcp_nodes_live_in_the_network_whose_rules_are_applied(tmp_path):
+    """gcp.yaml names a VPC (every node type's networkInterfaces: Ray uses it as given) and
+    cluster/gcp-network.sh creates that VPC and its only firewall rules; no key of any launcher file is
+    one Ray ignores (gcp.yaml's `firewall_rules` was documentation nothing applied)."""
+    import ray.autoscaler
+
+    source = " ".join(p.read_text() for p in Path(ray.autoscaler.__file__).parent.rglob("*.py"))
+    for name, path in LAUNCHER.items():
+        for key in load(path)["provider"]:
+            assert re.search(rf"[\"']{re.escape(key)}[\"']", source), f"{name}.yaml: Ray never reads provider.{key}"
+
+    made = gcp_network_commands("my-project", "198.51.100.7/32", tmp_path)
+    assert made["returncode"] == 0, made["stderr"]
+    (network,), (subnet,) = made["networks"], made["subnets"]
+    assert network["subnet-mode"] == "custom" and subnet["network"] == network["name"]
+    assert all(flags["project"] == "my-project" for kind in ("networks", "subnets", "firewall-rules")
+               for flags in made[kind])
+    gcp = load(LAUNCHER["gcp"])
+    assert subnet["region"] == gcp["provider"]["region"]
+    expected = f"regions/{subnet['region']}/subnetworks/{subnet['name']}"
+    tags = set()
+    for type_name, node_type in gcp["available_node_types"].items():
+        interfaces = node_type["node_config"].get("networkInterfaces")
+        assert interfaces and [i["subnetwork"] for i in interfaces] == [expected], type_name
+        tags |= set(node_type["node_config"]["tags"]["items"])
+    rules = {r["name"]: r for r in made["firewall-rules"]}
+    assert all(r["network"] == network["name"] and r["direction"] == "INGRESS" for r in rules.values())
+    assert {r["target-tags"] for r in rules.values()} == tags  # the rules apply to exactly these nodes
+    internal = [r for r in rules.values() if r.get("source-tags")]
+    assert [r["source-tags"] for r in internal] == [",".join(sorted(tags))]
+    ssh = [r for r in rules.values() if r.get("source-ranges")]
+    assert [(r["source-ranges"], r["allow"]) for r in ssh] == [("198.51.100.7/32", "tcp:22")]
+    # SSH from the whole internet is refused, not applied
+    for world in WORLD:
+        refused = gcp_network_commands("my-project", world, tmp_path)
+        assert refused["returncode"] == 2 and not refused["firewall-rules"], refused
 
 
 def _walk(node, key):
