@@ -57,7 +57,11 @@ class ProgressPrinter(Callback):
         shown = f"{self.metric} {score:.4g}" if isinstance(score, (int, float)) else f"{self.metric} -"
         if isinstance(loss, (int, float)) and self.metric != "val_loss":
             shown += f", val_loss {loss:.3g}"
-        self._say(f"finished {self._name(trial)}: {shown} | {self._tally()}")
+        if "eval_records" in r:
+            self._say(f"finished {self._name(trial)}: {shown} | {self._tally()}")
+        else:  # ASHA stopped it: its last report is all it has
+            self._say(f"stopped  {self._name(trial)} by the scheduler at step {r.get('step', '?')}: {shown} | "
+                      f"{self._tally()}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.done += 1

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pandas as pd
@@ -33,7 +34,9 @@ OPTIONAL_COLUMNS = ["loss_beyond", "sparsity/k_median", "sparsity/k_p90", "spars
 
 
 def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
-    """trials: [{"trial_id", "config" (the Tune config), "metrics" (last result)}]."""
+    """trials: [{"trial_id", "config" (the Tune config), "metrics" (last result), "status"}]: a row per
+    trial x test cell, and one row (no length, no k) for a trial without an evaluation of the test grid:
+    status ERROR (failed) or STOPPED (stopped early by the scheduler, with its last validation)."""
     cells = {c.index: c for c in spec.cells()}
     rows = []
     for t in trials:
@@ -52,8 +55,8 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
             **{k: metrics.get(k) for k in [spec.objective.metric, *SUMMARY_COLUMNS]},
             **{k: metrics[k] for k in OPTIONAL_COLUMNS if k in metrics},
         }
-        for rec in metrics.get("eval_records") or []:
-            rows.append({**common, **rec})
+        records = metrics.get("eval_records") or []
+        rows += [{**common, **rec} for rec in records] or [common]  # every trial has a row, failed or stopped
     return pd.DataFrame(rows)
 
 
@@ -67,7 +70,8 @@ def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
     trials = results.drop_duplicates("trial_id")
     rows = []
     for cell, group in trials.groupby("cell", sort=False):
-        candidates = group[group.role == "search"] if spec.search is not None else group.sort_values("seed")
+        done = group[group.status == "TERMINATED"]  # a failed or early-stopped trial has no test grid
+        candidates = done[done.role == "search"] if spec.search is not None else done.sort_values("seed")
         if candidates.empty:
             continue
         ranked = sorted(candidates.to_dict("records"),
@@ -306,8 +310,65 @@ def write_report(spec: StudySpec, trials: list[dict], out_dir: str) -> tuple[pd.
 def report_from_results(spec: StudySpec, results: pd.DataFrame, out_dir: str
                         ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
     """Everything the report holds, from results.csv's rows (so `python -m study.report` can
-    rebuild it from what a study stored, without rerunning anything)."""
+    rebuild it from what a study stored, without rerunning anything).
+
+    Nothing is written in place: the files are made in a staging folder, moved into `out_dir` one
+    by one (each rename replaces a whole file), and `report.json` (MARKER: each file's sha256) comes
+    last, so a crash mid-report leaves files that do not match the marker, which readers refuse."""
+    import shutil
+    import tempfile
+
     os.makedirs(out_dir, exist_ok=True)
+    for col in ("length", "k"):  # whole numbers, also beside the rows of trials with no test grid (NA)
+        if col in results:
+            results[col] = results[col].astype("Int64")
+    stage = tempfile.mkdtemp(prefix=".report-", dir=out_dir)
+    try:
+        selected, summary, staged = _write_report_files(spec, results, stage)
+        files = {key: os.path.join(out_dir, os.path.basename(path)) for key, path in staged.items()}
+        for key, path in staged.items():
+            os.replace(path, files[key])
+        files["marker"] = os.path.join(out_dir, MARKER)
+        _write_atomic(files["marker"], json.dumps(seal(files), indent=1).encode())
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return selected, summary, files
+
+
+MARKER = "report.json"
+
+
+def seal(files: dict[str, str]) -> dict[str, dict[str, str]]:
+    """What report.json holds: {"files": {file name: sha256}} of the report's files."""
+    import hashlib
+
+    def digest(path: str) -> str:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    return {"files": {os.path.basename(p): digest(p) for k, p in files.items() if k != "marker"}}
+
+
+def check_sealed(folder: str) -> str | None:
+    """Why the report in `folder` cannot be trusted (a file missing or not the one its marker
+    names: a report interrupted mid-write), or None. A study written before markers has none."""
+    path = os.path.join(folder, MARKER)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        expected = json.load(f)["files"]
+    actual = seal({n: os.path.join(folder, n) for n in expected if os.path.exists(os.path.join(folder, n))})["files"]
+    bad = sorted(n for n in expected if actual.get(n) != expected[n])
+    return f"{', '.join(bad)} do(es) not match {MARKER}: the report was interrupted while written" if bad else None
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    from study import storage as store
+
+    store.write_atomic(path, data)
+
+
+def _write_report_files(spec: StudySpec, results: pd.DataFrame, out_dir: str
+                        ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
     files = {"results": os.path.join(out_dir, "results.csv"), "spec": os.path.join(out_dir, "study_spec.json")}
     results.to_csv(files["results"], index=False)
     with open(files["spec"], "w") as f:
@@ -389,13 +450,21 @@ def _read_study(source: str, tracking_uri: str | None, tmp: str) -> tuple[StudyS
         exp = client.get_experiment_by_name(source)
         if exp is None:
             raise SystemExit(f"error: {source}: neither a study folder nor an experiment in {tracking_uri}")
-        parents = client.search_runs([exp.experiment_id], "tags.`study.parent` = 'true'", max_results=1)
+        parents = client.search_runs([exp.experiment_id], "tags.`study.parent` = 'true'", max_results=1000,
+                                     order_by=["attributes.start_time DESC"])
         if not parents:
             raise SystemExit(f"error: experiment {source} has no study run")
-        run_id = parents[0].info.run_id
+        run_id = parents[0].info.run_id  # studies of one name (other storages): the newest
         for name in ("results.csv", "study_spec.json"):
             client.download_artifacts(run_id, name, tmp)
         folder, where = tmp, f"MLflow run {run_id} of experiment {source}"
+        if len(parents) > 1:
+            where += (f" (it holds {len(parents)} studies of this name; this is the newest, "
+                      f"{parents[0].data.tags.get('study.location', 'made before study ids')}; "
+                      "give a study folder to read another)")
+    broken = check_sealed(folder)
+    if broken:
+        raise SystemExit(f"error: {where}: {broken}; `python study/run.py --resume` writes it again")
     with open(os.path.join(folder, "study_spec.json")) as f:
         spec = StudySpec.model_validate_json(f.read())
     return spec, pd.read_csv(os.path.join(folder, "results.csv")), where

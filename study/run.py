@@ -202,6 +202,20 @@ def main(argv=None) -> int:
     if args.resume and not found:
         print(f"error: --resume: no study {spec.name!r} in {study_dir}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from study import identity as ident
+
+    stored = ident.read(study_dir) if args.resume else None
+    if stored is not None:  # the restored search holds the stored spec: a resume must run that one
+        changed = ident.changed_fields(stored.spec, spec)
+        if changed:
+            print(f"error: --resume: {args.space} differs from the spec study {spec.name!r} started with "
+                  f"({store.join(study_dir, ident.FILE)}) in: {', '.join(changed)}. A resume may change only "
+                  f"{', '.join(ident.RESUMABLE_CHANGES)}; for anything else start a new study (another name "
+                  "or --storage)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    elif args.resume:
+        print(f"note: study {spec.name!r} was made before study ids: its spec is not checked against the one "
+              "it started with, and its MLflow parent is found by name", flush=True)
     if not address:
         from study.session import StaleBuildLock, check_build_locks
 
@@ -220,20 +234,27 @@ def main(argv=None) -> int:
     else:
         os.makedirs(study_dir, exist_ok=True)
         tracking_uri = args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
-    print("\n".join(plan_lines(spec, concurrency)), flush=True)
+    from study.lock import StudyLocked, driver_lock
+
     try:
-        selected, summary, files, failed = run_study(spec, study_dir, tracking_uri, address, concurrency,
-                                                      args.resume, args.verbose)
+        with driver_lock(study_dir):
+            identity = stored if args.resume else ident.create(spec, study_dir)
+            print("\n".join(plan_lines(spec, concurrency)), flush=True)
+            selected, summary, files, failed = run_study(spec, study_dir, tracking_uri, address, concurrency,
+                                                          args.resume, args.verbose, identity)
+    except StudyLocked as e:  # before anything of the study was touched
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # the study's MLflow run is KILLED and nothing was reported
         return EXIT_INTERRUPTED
     print("\n".join(closing_lines(spec, selected, summary, files, tracking_uri)))
-    if not failed:
-        return 0
-    lines = [f"error: {len(failed)} trial(s) failed:"]
-    lines += [f"  {t['trial_id']} (cell {t['cell']}): {t['reason']}" for t in failed]
     chosen = set(selected["cell"]) if "cell" in selected else set()
-    lines += [f"  cell {c.label}: no trial finished, nothing selected"
-              for c in spec.cells() if c.label not in chosen]
+    unselected = [c.label for c in spec.cells() if c.label not in chosen]
+    if not failed and not unselected:
+        return 0
+    lines = [f"error: {len(failed)} trial(s) failed:"] if failed else ["error:"]
+    lines += [f"  {t['trial_id']} (cell {t['cell']}): {t['reason']}" for t in failed]
+    lines += [f"  cell {label}: no trial finished, nothing selected" for label in unselected]
     print("\n".join(lines), file=sys.stderr)
     return 1
 

@@ -125,7 +125,9 @@ class CellSearcher(Searcher):
         cell = self.trial_cell.get(trial_id)
         if cell is not None and self.optuna and trial_id in self.params_of:  # a search trial
             self.optuna[cell].on_trial_complete(trial_id, result, error)
-            result = {} if error or not result else result
+            # only a trial that ran to its final report can be selected: one stopped early by the
+            # scheduler (no "eval_records") or failed has no evaluation of the test grid
+            result = result if result and not error and "eval_records" in result else {}
             self.ended[cell][trial_id] = (result.get(self.spec.objective.metric), result.get("val_loss"))
 
     def save(self, checkpoint_path: str) -> None:
@@ -149,20 +151,27 @@ def _flatten_suggestion(config: dict, prefix: str = "") -> dict:
 
 
 class CellASHA(FIFOScheduler):
-    """ASHA within each cell: routes every trial event to its cell's own ASHA instance."""
+    """ASHA within each cell: routes every trial event to its cell's own ASHA instance.
 
-    def __init__(self, metric: str, mode: str, max_t: int, grace_period: int, reduction_factor: int):
-        super().__init__(metric=metric, mode=mode)
-        self._kwargs = dict(
-            metric=metric, mode=mode, max_t=max_t, grace_period=min(grace_period, max_t),
-            reduction_factor=reduction_factor, time_attr="training_iteration",
-        )
+    Time is counted in reports (`training_iteration`): one per `eval.every_steps` and the final one,
+    `ceil(optim.steps / eval.every_steps)` in all, taken from the cell's own trial config (a grid may
+    vary either). A trial the scheduler stops keeps its last report; study/report.py counts it as
+    STOPPED and never selects it (it has no evaluation of the test grid)."""
+
+    def __init__(self, metric: str, mode: str, grace_period: int, reduction_factor: int):
+        super().__init__()  # Ray 2.60's FIFOScheduler takes no arguments
+        self._metric, self._mode = metric, mode
+        self._kwargs = dict(metric=metric, mode=mode, grace_period=grace_period,
+                            reduction_factor=reduction_factor, time_attr="training_iteration",
+                            stop_last_trials=False)  # a trial ends by itself after its final report
         self._by_cell: dict[int, AsyncHyperBandScheduler] = {}
 
     def _asha(self, trial) -> AsyncHyperBandScheduler:
         cell = trial.config["cell"]
         if cell not in self._by_cell:
-            self._by_cell[cell] = AsyncHyperBandScheduler(**self._kwargs)
+            reports = reports_of(trial.config["trial"])
+            self._by_cell[cell] = AsyncHyperBandScheduler(
+                **{**self._kwargs, "max_t": reports, "grace_period": min(self._kwargs["grace_period"], reports)})
         return self._by_cell[cell]
 
     # replicas of a selected config run to the end: stopping an unlucky seed would bias the interval
@@ -185,3 +194,12 @@ class CellASHA(FIFOScheduler):
 
     def debug_string(self) -> str:
         return f"ASHA per cell over {len(self._by_cell)} cells"
+
+
+def reports_of(trial_config: dict) -> int:
+    """How many times a trial reports: at every eval.every_steps before the last step, then once at
+    the end (study/train.py)."""
+    from study.config import TrialConfig
+
+    cfg = TrialConfig.model_validate(trial_config)
+    return -(-cfg.optim.steps // cfg.eval.every_steps)

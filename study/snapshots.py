@@ -54,7 +54,9 @@ def snapshots_on_events(listener: SnapshotListener) -> Iterator[None]:
     def checkpoint(self, force: bool = False, wait: bool = False):
         due = listener.snapshot_due()
         original(self, force=force or due, wait=wait or due)
-        if due or (force and wait):
+        # Tune logs a failed upload and goes on: only a state read back from storage counts, and
+        # until one does, `due` stays true and every controller step tries again
+        if (due or (force and wait)) and in_storage(self):
             listener.on_snapshot()
 
     TuneController.checkpoint = checkpoint
@@ -62,3 +64,31 @@ def snapshots_on_events(listener: SnapshotListener) -> Iterator[None]:
         yield
     finally:
         TuneController.checkpoint = original
+
+
+def in_storage(controller) -> bool:
+    """Whether the experiment state the controller just saved is in the study's storage, byte for
+    byte. Private API, like the wrap above: the controller's `_storage` (a StorageContext) and
+    `experiment_state_file_name`; tests/test_snapshots.py fails if they change."""
+    from pathlib import Path
+
+    name = controller.experiment_state_file_name
+    staged = Path(controller._storage.experiment_driver_staging_path, name)
+    remote = f"{controller._storage.experiment_fs_path}/{name}"
+    try:
+        with controller._storage.storage_filesystem.open_input_stream(remote) as f:
+            stored = f.read()
+    except OSError as e:
+        _warn(f"the experiment state is not in storage ({remote}: {str(e).splitlines()[0]}); "
+              "trials stay unfinished in MLflow until a snapshot reaches it")
+        return False
+    if stored != staged.read_bytes():
+        _warn(f"the experiment state in storage ({remote}) is not the one just saved; trying again")
+        return False
+    return True
+
+
+def _warn(text: str) -> None:
+    import sys
+
+    print(f"warning: {text}", file=sys.stderr, flush=True)

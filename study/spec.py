@@ -209,6 +209,11 @@ class StudySpec(Strict):
     def _every_point_is_a_valid_trial(self) -> "StudySpec":
         if self.scheduler.type == "asha" and self.search is None and self.replicas == 1:
             raise ValueError("scheduler.type: asha needs several trials per cell to compare")
+        if self.scheduler.type == "asha" and self.search is not None:
+            for path in self.search.params:  # ASHA compares a cell's trials report by report
+                if path in ("optim.steps", "eval.every_steps"):
+                    raise ValueError(f"search.params.{path}: with scheduler.type asha a cell's trials must "
+                                     "report equally often; make it a grid factor or fix it in base")
         self._no_setting_twice()
         if self.seed + self.replicas - 1 > MAX_SEED:
             raise ValueError(f"seed: replicas use seeds {self.seed}..{self.seed + self.replicas - 1}, "
@@ -333,6 +338,9 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[path] = value
     return out
+
+
+flatten = _flatten  # dotted leaf path -> value; also what a resume compares (study/identity.py)
 
 
 def _points(params: dict[str, Distribution]):

@@ -162,3 +162,39 @@ def uri_of(filesystem: pafs.FileSystem | None, path: str) -> str:
         return path
     scheme = SCHEMES.get(filesystem.type_name, filesystem.type_name)
     return f"{scheme}://{path}"
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write a whole file or object, never a part of one: a folder's file is written under a
+    temporary name and renamed over the old one (a crash leaves the old file or the new, nothing
+    between); a bucket's object is put in one request, which object stores make visible whole."""
+    fs, inner = resolve(path)
+    if is_uri(path):
+        with fs.open_output_stream(inner) as out:
+            out.write(data)
+        return
+    os.makedirs(os.path.dirname(inner), exist_ok=True)
+    tmp = f"{inner}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, inner)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def read_bytes(path: str) -> bytes | None:
+    """A file's or object's bytes; None when there is none."""
+    fs, inner = resolve(path)
+    try:
+        with fs.open_input_stream(inner) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if fs.get_file_info(inner).type == pafs.FileType.NotFound:
+            return None
+        raise StorageError(f"{path}: {e}") from None

@@ -24,6 +24,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
+from study.identity import StudyIdentity
 from study.spec import StudySpec, flat_params
 from study.storage import uri_of
 
@@ -32,9 +33,13 @@ TRIAL_TAG = "tune.trial_id"
 
 
 def open_experiment(client: MlflowClient, spec: StudySpec, artifact_location: str | None) -> str:
-    """The study's experiment, its description (and spec) on the experiment page itself."""
+    """The experiment of the study's name; a new one shows the description (and spec) on its page.
+    An experiment that exists may hold other studies of this name (other storages, or a folder made
+    again): its page is theirs too and is left as it is."""
     exp = client.get_experiment_by_name(spec.name)
-    exp_id = exp.experiment_id if exp else client.create_experiment(spec.name, artifact_location=artifact_location)
+    if exp:
+        return exp.experiment_id
+    exp_id = client.create_experiment(spec.name, artifact_location=artifact_location)
     import yaml
 
     note = f"{spec.description}\n\n```yaml\n{yaml.safe_dump(spec.model_dump(mode='json'), sort_keys=False)}```"
@@ -77,18 +82,30 @@ def find_run(client: MlflowClient, experiment_id: str, **tags: str):
 
 
 class StudyTracker(Callback):
-    def __init__(self, spec: StudySpec, tracking_uri: str, artifact_location: str | None = None):
+    """The study's MLflow record. Its parent run is found by the study's identity (study/identity.py),
+    never by name alone, and every child is looked up under that parent: a study never reads, tags,
+    deletes or overwrites another study's runs, though several share an experiment. `identity` is
+    None only for a study made before identities, resumed: its parent is the experiment's."""
+
+    def __init__(self, spec: StudySpec, tracking_uri: str, artifact_location: str | None = None,
+                 identity: StudyIdentity | None = None):
         self.spec = spec
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri)
         self.experiment_id = open_experiment(self.client, spec, artifact_location)
         self.source = source_tags()
-        parent = find_run(self.client, self.experiment_id, **{PARENT_TAG: "true"})
+        own = identity.tags() if identity else {}
+        parent = find_run(self.client, self.experiment_id, **{PARENT_TAG: "true"}, **own)
         if parent is None:
+            others = find_run(self.client, self.experiment_id, **{PARENT_TAG: "true"})
+            if others is not None:
+                print(f"mlflow: experiment {spec.name!r} already holds another study of this name "
+                      f"({others.data.tags.get('study.location', 'made before study ids')}); this study "
+                      f"({identity.location if identity else '?'}) records to a parent run of its own", flush=True)
             parent = self.client.create_run(
                 self.experiment_id,
                 run_name=spec.name,
-                tags={PARENT_TAG: "true", "mlflow.note.content": spec.description, **self.source},
+                tags={PARENT_TAG: "true", "mlflow.note.content": spec.description, **own, **self.source},
             )
             self.client.log_dict(parent.info.run_id, spec.model_dump(mode="json"), "study_spec.json")
             self.client.log_batch(parent.info.run_id, params=[Param(k, str(v)[:6000]) for k, v in study_params(spec).items()])
@@ -117,7 +134,8 @@ class StudyTracker(Callback):
     def _child(self, trial) -> str:
         if trial.trial_id in self.children:
             return self.children[trial.trial_id]
-        found = find_run(self.client, self.experiment_id, **{TRIAL_TAG: trial.trial_id})
+        found = find_run(self.client, self.experiment_id, **{"mlflow.parentRunId": self.parent_id,
+                                                             TRIAL_TAG: trial.trial_id})
         if found is not None:  # resumed study: keep the trial's run
             run_id = found.info.run_id
             if found.info.status == "FINISHED":
@@ -240,6 +258,9 @@ class StudyTracker(Callback):
         self.due = True
         run_id = self._child(trial)
         if run_id not in self.sealed:  # FINISHED once the snapshot saying so is in storage
+            last = trial.last_result or {}
+            if "eval_records" not in last:  # the scheduler stopped it before its final report
+                self.client.set_tag(run_id, "stopped", f"by the scheduler at step {last.get('step', '?')}")
             self.finishing.append(run_id)
 
     # --- study/snapshots.py's listener ------------------------------------------------------

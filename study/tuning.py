@@ -10,6 +10,7 @@ import time
 import pandas as pd
 
 from study import storage as store
+from study.identity import StudyIdentity
 from study.report import write_report
 from study.snapshots import BACKSTOP_PERIOD_S, snapshots_on_events
 from study.spec import StudySpec
@@ -53,10 +54,11 @@ def start_ray(address: str | None) -> None:
 
 def run_study(
     spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
-    max_concurrent: int | None, resume: bool, verbose: bool = False,
+    max_concurrent: int | None, resume: bool, verbose: bool = False, identity: StudyIdentity | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict]]:
     """Run (or resume) the study; write the report; return the per-cell selection, the per-length
-    summary over seeds, the files written and the failed trials ({trial_id, cell, reason})."""
+    summary over seeds, the files written and the failed trials ({trial_id, cell, reason}).
+    `identity` ties the MLflow record to this study folder (None: a study made before study ids)."""
     # one experiment snapshot per checkpoint is what resume needs; don't warn about it
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # snapshots on the events a resume needs, not on a timer (study/snapshots.py)
@@ -81,17 +83,18 @@ def run_study(
         store.join(os.path.dirname(study_dir), "mlartifacts", spec.name)
         if tracking_uri.startswith("sqlite:") else None
     )
-    tracker = StudyTracker(spec, tracking_uri, artifact_location)
+    tracker = StudyTracker(spec, tracking_uri, artifact_location, identity)
     progress = ProgressPrinter(spec, len(spec.cells()) * spec.trials_per_cell)
     tune_dir = store.join(study_dir, "tune")
     try:
         if resume:
-            tuner = tune.Tuner.restore(tune_dir, trainable, resume_errored=True)
+            # a failed trial stays failed: it ran out of retries (resources.max_failures), and a
+            # deterministic failure (Diverged) would fail again; rerun search trials could also change
+            # a selection whose replicas already ran
+            tuner = tune.Tuner.restore(tune_dir, trainable, resume_errored=False)
         else:
-            reports = max(1, spec.base.get("optim", {}).get("steps", 1000)
-                          // spec.base.get("eval", {}).get("every_steps", 100))
             scheduler = (
-                CellASHA(spec.objective.metric, spec.objective.mode, reports,
+                CellASHA(spec.objective.metric, spec.objective.mode,
                          spec.scheduler.grace_period, spec.scheduler.reduction_factor)
                 if spec.scheduler.type == "asha" else None
             )
@@ -130,7 +133,13 @@ def run_study(
                 ),
             )
         if resume:  # a restored Tuner keeps the callbacks it was pickled with; use this run's tracker
+            # Private API (Tuner.restore takes no new TuneConfig/RunConfig): the restored Tuner's own
+            # configs, which Tune reads again when fit() starts; tests/test_records.py fails if not.
+            # The resumable changes of study/identity.py are applied here, nothing else.
+            tuner._local_tuner._tune_config.max_concurrent_trials = max_concurrent
+            tuner._local_tuner._tune_config.reuse_actors = r.warm_processes
             run_config = tuner._local_tuner.get_run_config()
+            run_config.failure_config.max_failures = r.max_failures
             run_config.callbacks[:] = [tracker if isinstance(c, StudyTracker) else
                                        progress if isinstance(c, ProgressPrinter) else c for c in run_config.callbacks]
             if progress not in run_config.callbacks:  # a study started before progress lines existed
@@ -144,7 +153,7 @@ def run_study(
         if len(grid) < planned or grid.num_terminated + grid.num_errors < len(grid):
             raise KeyboardInterrupt
         trials = [
-            {"trial_id": _trial_id(res), "config": res.config, "metrics": res.metrics, "status": "ERROR" if res.error else "TERMINATED",
+            {"trial_id": _trial_id(res), "config": res.config, "metrics": res.metrics, "status": trial_status(res),
              "reason": error_reason(res.error)}
             for res in grid
         ]
@@ -160,8 +169,10 @@ def run_study(
         with tempfile.TemporaryDirectory(prefix="report-") as tmp:  # a bucket: written here, then copied
             remote = store.is_uri(study_dir)
             selected, summary, files = write_report(spec, trials, tmp if remote else study_dir)
-            if remote:
-                store.upload_dir(tmp, study_dir)
+            if remote:  # each object whole; the marker (report.json) last, as in a folder
+                for key, path in sorted(files.items(), key=lambda kv: kv[0] == "marker"):
+                    with open(path, "rb") as f:
+                        store.write_atomic(store.join(study_dir, os.path.basename(path)), f.read())
             tracker.record_selection(selected)
             tracker.finish("FAILED" if failed else "FINISHED", files)
         written = [store.join(study_dir, os.path.basename(path)) for path in files.values()]
@@ -199,6 +210,14 @@ def _replicas_not_run(spec: StudySpec, grid) -> int:
         if res.config.get("role") == "search" and not res.error:
             search_ok[res.config["cell"]] = True
     return sum(spec.replicas - 1 for ok in search_ok.values() if not ok)
+
+
+def trial_status(result) -> str:
+    """ERROR (failed), STOPPED (stopped early by the scheduler: it never made its final report,
+    which holds the test grid) or TERMINATED (ran to the end)."""
+    if result.error:
+        return "ERROR"
+    return "TERMINATED" if "eval_records" in (result.metrics or {}) else "STOPPED"
 
 
 def _trial_id(result) -> str:

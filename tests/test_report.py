@@ -19,7 +19,7 @@ import yaml
 from scipy import stats
 from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
 
-from study.report import interval, select, summarize_seeds
+from study.report import interval, results_frame, select, summarize_seeds
 from study.search import CellSearcher
 from study.spec import StudySpec
 from study.train import summarize
@@ -83,8 +83,9 @@ def test_replicas_rerun_the_selected_config_with_new_seeds_after_the_search():
     assert {c["role"] for c in search.values()} == {"search"} and searcher.suggest("early") is None  # waits
     by_cell = {c: [t for t, cfg in search.items() if cfg["cell"] == c] for c in (0, 1)}
     low, high = by_cell[0]
-    searcher.on_trial_complete(low, {"val_exact": 0.9, "val_loss": 0.1})
-    searcher.on_trial_complete(high, {"val_exact": 1.0, "val_loss": 0.5})
+    final = {"eval_records": []}  # a trial's final report holds its test grid
+    searcher.on_trial_complete(low, {"val_exact": 0.9, "val_loss": 0.1, **final})
+    searcher.on_trial_complete(high, {"val_exact": 1.0, "val_loss": 0.5, **final})
     replicas = [searcher.suggest(f"r{i}") for i in range(2)]
     assert [r["role"] for r in replicas] == ["replica", "replica"] and {r["cell"] for r in replicas} == {0}
     assert all(r["selected_from"] == high and r["params"] == search[high]["params"] for r in replicas)
@@ -242,3 +243,27 @@ def test_a_full_tie_goes_to_the_trial_suggested_first_not_to_a_random_id():
     results = frame(rows).assign(search_index=[0, 1])  # zz was suggested first; ids are random uuids
     assert select(spec, results).trial_id.tolist() == ["zz"]
     assert select(spec, results.assign(search_index=[1, 0])).trial_id.tolist() == ["aa"]
+
+
+def test_a_trial_stopped_early_is_counted_but_never_selected():
+    """ASHA stops a trial before its final report: it has a last validation (here the best of its
+    cell) but no test grid. It keeps a row in results.csv, as STOPPED, and neither the searcher nor
+    the report selects it."""
+    spec = spec_of(replicas=2)
+    searcher = CellSearcher(spec, {"workers_per_trial": 1})
+    search = {f"t{i}": searcher.suggest(f"t{i}") for i in range(4)}
+    done, stopped = [t for t, cfg in search.items() if cfg["cell"] == 0]
+    searcher.on_trial_complete(done, {"val_exact": 0.5, "val_loss": 0.9, "eval_records": []})
+    searcher.on_trial_complete(stopped, {"val_exact": 1.0, "val_loss": 0.1})  # no final report
+    replica = searcher.suggest("r0")
+    assert replica["role"] == "replica" and replica["selected_from"] == done
+
+    trials = [{"trial_id": t, "config": search[t], "status": status, "metrics": metrics} for t, status, metrics in (
+        (done, "TERMINATED", {"val_exact": 0.5, "val_loss": 0.9, "eval_records": [
+            {"length": 8, "k": 1, "ids": "own", "in_distribution": True, "answer_acc": 0.5, "exact_match": 0.5}]}),
+        (stopped, "STOPPED", {"val_exact": 1.0, "val_loss": 0.1}))]
+    results = results_frame(spec, trials)
+    assert set(results.trial_id) == {done, stopped}
+    row = results[results.trial_id == stopped].iloc[0]
+    assert row.status == "STOPPED" and pd.isna(row.length) and row.val_exact == 1.0
+    assert list(select(spec, results).trial_id) == [done]

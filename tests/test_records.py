@@ -1,0 +1,258 @@
+"""Nothing recorded is lost or mixed (issue 20): a study's identity in MLflow, a resume held to the
+stored spec, ASHA that accounts for every trial, failed trials not rerun, one driver per study,
+reports written whole. Real `python study/run.py` processes, real Ray, MLflow (SQLite) and Optuna."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from test_study import BIN, ENV, ROOT, RUN, mlflow_runs, run, write_spec
+
+pytestmark = pytest.mark.slow
+
+
+def record_of(db: Path, experiment: str) -> dict:
+    """Everything MLflow holds of an experiment's runs: ids, statuses, tags,
+    params, metric histories and every artifact's bytes, to compare before and after."""
+    client, parents, children = mlflow_runs(db, experiment)
+    out = {}
+    for r in [*parents, *children]:
+        rid = r.info.run_id
+        arts = {}
+        stack = [None]
+        while stack:
+            for f in client.list_artifacts(rid, stack.pop()):
+                if f.is_dir:
+                    stack.append(f.path)
+                else:
+                    arts[f.path] = Path(client.download_artifacts(rid, f.path)).read_bytes()
+        history = {k: sorted((m.step, m.value) for m in client.get_metric_history(rid, k)) for k in r.data.metrics}
+        out[rid] = {"status": r.info.status, "end_time": r.info.end_time, "tags": r.data.tags,
+                    "params": r.data.params, "metrics": history, "artifacts": arts, "deleted": r.info.lifecycle_stage}
+    return out
+
+
+def diverging_spec(tmp_path: Path, name: str = "records") -> Path:
+    """Two cells, one of which diverges: a FAILED child run, which a second study must not delete."""
+    return write_spec(tmp_path, **{
+        "name": name, "search": "none", "grid": {"optim.lr": [0.003, 1e30]},
+        "task/params/train_length": 8, "base/optim/steps": 20, "base/optim/warmup_steps": 0,
+        "base/eval/every_steps": 10, "base/sparsity": None, "resources/max_failures": 0,
+    })
+
+
+def test_two_studies_of_one_name_never_touch_each_others_record(tmp_path):
+    spec = diverging_spec(tmp_path)
+    a, b = tmp_path / "a", tmp_path / "b"
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    first = run(["--space", str(spec), "--storage", str(a), "--mlflow-uri", uri])
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]  # the diverging cell
+    stored = json.loads((a / "records" / "study.json").read_text())
+    _, parents, children = mlflow_runs(db, "records")
+    assert len(parents) == 1 and parents[0].data.tags["study.id"] == stored["id"]
+    assert parents[0].data.tags["study.location"] == str(a / "records")
+    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
+    before = record_of(db, "records")
+
+    # the same spec in another storage, one MLflow store: a second study beside the first
+    second = run(["--space", str(spec), "--storage", str(b), "--mlflow-uri", uri])
+    assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "already holds another study of this name" in second.stdout
+    # and the first study's folder deleted and made again: a third
+    shutil.rmtree(a / "records")
+    third = run(["--space", str(spec), "--storage", str(a), "--mlflow-uri", uri])
+    assert third.returncode == 1, third.stdout[-3000:] + third.stderr[-3000:]
+
+    _, parents, children = mlflow_runs(db, "records")
+    assert len(parents) == 3 and len({p.data.tags["study.id"] for p in parents}) == 3
+    assert len(children) == 6
+    after = record_of(db, "records")
+    assert {rid: after[rid] for rid in before} == before  # byte for byte, tags and artifacts too
+
+    # python -m study.report by experiment name takes the newest study and says which
+    rep = subprocess.run([str(BIN / "python"), "-m", "study.report", "records", "--mlflow-uri", uri,
+                          "--out", str(tmp_path / "rep")], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    newest = json.loads((a / "records" / "study.json").read_text())["location"]
+    assert newest in rep.stdout and "3 studies of this name" in rep.stdout, rep.stdout
+
+
+def test_resume_holds_to_the_stored_spec_and_reruns_no_failed_trial(tmp_path):
+    spec = diverging_spec(tmp_path, "held")
+    storage = tmp_path / "studies"
+    db = storage / "mlflow.db"
+    first = run(["--space", str(spec), "--storage", str(storage)])
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
+    before = record_of(db, "held")
+    results = (storage / "held" / "results.csv").read_bytes()
+
+    raw = yaml.safe_load(spec.read_text())
+    for change, field in (({"grid": {"optim.lr": [0.003, 0.01]}}, "grid.optim.lr"),
+                          ({"objective": {"metric": "val_loss", "mode": "min"}}, "objective.metric"),
+                          ({"base": {**raw["base"], "optim": {**raw["base"]["optim"], "steps": 30}}},
+                           "base.optim.steps")):
+        changed = tmp_path / "changed.yaml"
+        changed.write_text(yaml.safe_dump({**raw, **change}))
+        out = run(["--space", str(changed), "--storage", str(storage), "--resume"], timeout=120)
+        assert out.returncode == 2 and field in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
+        assert "ray:" not in out.stdout  # refused before Ray started
+    assert record_of(db, "held") == before
+
+    # what a resume may change: how the rest runs; and the diverged trial is not run again
+    raw["resources"] = {**raw["resources"], "max_concurrent_trials": 1, "max_failures": 2}
+    raw["description"] = "now described"
+    spec.write_text(yaml.safe_dump(raw))
+    again = run(["--space", str(spec), "--storage", str(storage), "--resume"])
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "started " not in again.stdout  # no trial ran again
+    after = record_of(db, "held")
+    children = {rid: r for rid, r in after.items() if "mlflow.parentRunId" in r["tags"]}
+    assert set(after) == set(before) and sorted(r["status"] for r in children.values()) == ["FAILED", "FINISHED"]
+    assert {rid: (r["metrics"], r["params"]) for rid, r in children.items()} == \
+        {rid: (r["metrics"], r["params"]) for rid, r in before.items() if rid in children}
+    new = pd.read_csv(storage / "held" / "results.csv")
+    old = pd.read_csv(pd.io.common.BytesIO(results))
+    pd.testing.assert_frame_equal(new, old)
+
+
+def test_the_private_tuner_configs_a_resume_sets_exist(tmp_path):
+    """study/tuning.py sets the restored Tuner's max_concurrent_trials, reuse_actors and max_failures
+    through Ray's private `Tuner._local_tuner`: this fails when that changes."""
+    from ray import tune
+
+    def trainable(config):
+        tune.report({"x": 1})
+
+    tuner = tune.Tuner(trainable, tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=3),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="t"))
+    local = tuner._local_tuner
+    assert local._tune_config.max_concurrent_trials == 3 and hasattr(local._tune_config, "reuse_actors")
+    assert hasattr(local.get_run_config().failure_config, "max_failures")
+    assert "max_concurrent_trials" in local._get_tune_run_arguments(trainable)
+
+
+def test_asha_runs_accounts_for_every_trial_and_selects_a_finished_one(tmp_path):
+    spec = write_spec(tmp_path, **{
+        "name": "asha", "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2},
+        "base/optim/steps": 70,  # not a multiple of eval.every_steps 20: 4 reports, the last at 70
+        "base/sparsity": None, "search/trials_per_cell": 4, "replicas": 2,
+        "search/params": {"optim.lr": {"loguniform": [1e-5, 1e-2]}},
+        "objective": {"metric": "val_loss", "mode": "min"}, "resources/max_concurrent_trials": 1,
+    })
+    storage = tmp_path / "studies"
+    out = run(["--space", str(spec), "--storage", str(storage)])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = pd.read_csv(storage / "asha" / "results.csv")
+    trials = results.drop_duplicates("trial_id")
+    assert len(trials) == 2 * (4 + 1)  # every trial, stopped ones too
+    stopped = trials[trials.status == "STOPPED"]
+    assert len(stopped) >= 1 and stopped.length.isna().all() and (stopped.role == "search").all()
+    assert (trials[trials.role == "replica"].status == "TERMINATED").all()  # ASHA never stops a replica
+    assert "stopped " in out.stdout and "by the scheduler" in out.stdout
+    finished = results[results.status == "TERMINATED"]
+    assert set(finished.length) == {8, 16, 24}  # a trial that ran on reported its whole grid at step 70
+    selected = pd.read_csv(storage / "asha" / "selected.csv")
+    assert len(selected) == 2 and set(selected.trial_id) <= set(finished.trial_id) and (selected.seeds == 2).all()
+    _, _, children = mlflow_runs(storage / "mlflow.db", "asha")
+    tagged = {c.data.tags[TRIAL] for c in children if "stopped" in c.data.tags}
+    assert tagged == {t for t in stopped.trial_id}, (tagged, list(stopped.trial_id))
+    assert all(c.info.status == "FINISHED" for c in children)
+
+
+TRIAL = "tune.trial_id"
+
+
+def test_one_driver_per_study_and_a_killed_drivers_lock_is_taken_over(tmp_path):
+    spec = write_spec(tmp_path, **{"name": "locked", "base/optim/steps": 3000, "base/sparsity": None})
+    storage = tmp_path / "studies"
+    lock = storage / "locked" / "driver.lock"
+    command = [*RUN, "--space", str(spec), "--storage", str(storage)]
+    proc = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:  # until a trial trains (not while DeepSpeed may be building its op: a kill would leave its lock)
+        assert wait_for_metrics(storage / "mlflow.db", proc), "the first driver ended early"
+        holder = json.loads(lock.read_text())
+        assert holder["pid"] == proc.pid
+        second = run([*command[2:], "--resume"], timeout=120)
+        assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
+        assert f"pid {proc.pid}" in second.stderr and holder["host"] in second.stderr
+        assert "ray:" not in second.stdout  # refused before Ray started
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert lock.exists()  # a killed driver leaves its lock; its process is gone, so it is stale
+    resumed = subprocess.Popen([*command, "--resume"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and resumed.poll() is None and not held_by(lock, resumed.pid):
+            time.sleep(0.3)
+        assert resumed.poll() is None, resumed.communicate()
+        assert held_by(lock, resumed.pid)  # taken over
+        assert wait_for_metrics(storage / "mlflow.db", resumed, more_than=count_metrics(storage / "mlflow.db"))
+    finally:
+        if resumed.poll() is None:
+            os.killpg(resumed.pid, signal.SIGINT)  # Ctrl-C: the study ends KILLED, the lock released
+        out, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 130, out[-3000:] + err[-3000:]
+    assert not lock.exists()
+
+
+def held_by(lock: Path, pid: int) -> bool:
+    try:
+        return json.loads(lock.read_text()).get("pid") == pid
+    except (OSError, ValueError):
+        return False
+
+
+def count_metrics(db: Path) -> int:
+    import sqlite3
+
+    try:
+        with sqlite3.connect(db) as con:
+            return con.execute("select count(*) from metrics").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def wait_for_metrics(db: Path, proc: subprocess.Popen, more_than: int = 0, timeout: float = 300) -> bool:
+    """Wait until MLflow holds more than `more_than` metrics (a trial reported); False if `proc` ended."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if count_metrics(db) > more_than:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_a_report_interrupted_mid_write_is_refused(tmp_path):
+    """results.csv cut short (what a crash mid-write left before reports were written whole): the
+    marker written last no longer matches, and `python -m study.report` refuses it."""
+    spec = write_spec(tmp_path, **{"name": "sealed", "grid": {"task.params.train_length": [8]},
+                                   "base/optim/steps": 20, "base/eval/every_steps": 10, "base/sparsity": None})
+    storage = tmp_path / "studies"
+    out = run(["--space", str(spec), "--storage", str(storage)])
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    folder = storage / "sealed"
+    marker = json.loads((folder / "report.json").read_text())
+    assert {"results.csv", "selected.csv", "summary.csv", "study_spec.json"} <= set(marker["files"])
+    assert not [p for p in folder.iterdir() if p.name.startswith(".report-") or ".tmp-" in p.name]
+    report = [str(BIN / "python"), "-m", "study.report", str(folder), "--out", str(tmp_path / "rep")]
+    ok = subprocess.run(report, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    data = (folder / "results.csv").read_bytes()
+    (folder / "results.csv").write_bytes(data[: len(data) // 2])
+    cut = subprocess.run(report, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert cut.returncode != 0 and "results.csv" in cut.stderr and "interrupted" in cut.stderr, cut.stderr[-3000:]
+    assert "Traceback" not in cut.stderr
