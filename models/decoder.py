@@ -44,6 +44,13 @@ class ModelConfig:
     # keys whose id is within id_window of the query's id; None = every head sees every key
     id_window: int | None = None
     id_window_heads: int | None = None
+    # initial std of the position-embedding table and of the token embedding (the reference
+    # implementation of position coupling initialises its embeddings N(0, 1))
+    pos_init_std: float = 0.02
+    tok_init_std: float = 0.02
+    norm: Literal["layer", "rms"] = "layer"
+    # attention logits q.k / sqrt(head dim) (the usual) or q.k unscaled (T5, the reference's model)
+    attn_scale: Literal["sqrt", "none"] = "sqrt"
 
     @property
     def n_position_classes(self) -> int:
@@ -108,23 +115,30 @@ class Attention(nn.Module):
             k = torch.cat([cache[0], k], dim=2)
             v = torch.cat([cache[1], v], dim=2)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias, is_causal=causal, dropout_p=self.cfg.dropout if self.training else 0.0
+            q, k, v, attn_mask=bias, is_causal=causal, dropout_p=self.cfg.dropout if self.training else 0.0,
+            scale=None if self.cfg.attn_scale == "sqrt" else 1.0,
         )
         if self.record_last_query:
-            scores = q[:, :, -1:] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            scores = q[:, :, -1:] @ k.transpose(-1, -2)
+            if self.cfg.attn_scale == "sqrt":
+                scores = scores / math.sqrt(q.shape[-1])
             if bias is not None:
                 scores = scores + bias[:, :, -1:]
             self.last_query_attention = scores.softmax(-1)[:, :, 0]
         return self.proj(y.transpose(1, 2).reshape(B, T, C)), (k, v, key_ids)
 
 
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    return nn.LayerNorm(cfg.d_model) if cfg.norm == "layer" else nn.RMSNorm(cfg.d_model)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d_ff = cfg.d_ff or 4 * cfg.d_model
-        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.ln1 = make_norm(cfg)
         self.attn = Attention(cfg)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.ln2 = make_norm(cfg)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -143,11 +157,17 @@ class DecoderLM(nn.Module):
         self.pos_emb = nn.Embedding(cfg.max_position, cfg.d_model) if cfg.encoding == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.pos_head = nn.Linear(cfg.d_model, cfg.n_position_classes) if cfg.position_head else None
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
         self.apply(self._init_weights)
+        # rescaled after the common N(0, 0.02) draw: the same random stream for every setting
+        with torch.no_grad():
+            if cfg.tok_init_std != 0.02:
+                self.tok_emb.weight.mul_(cfg.tok_init_std / 0.02)
+            if self.pos_emb is not None and cfg.pos_init_std != 0.02:
+                self.pos_emb.weight.mul_(cfg.pos_init_std / 0.02)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -38,8 +38,16 @@ def training_ids(
     rng: np.random.Generator,
     shift: bool = True,
     pose_chunks: int = 2,
+    fixed_prefix: int = 0,
 ) -> np.ndarray:
-    """Position ids [B, T] the model is trained with (padding positions are clamped in range)."""
+    """Position ids [B, T] the model is trained with (padding positions are clamped in range).
+
+    The first `fixed_prefix` tokens (a `<bos>`) keep their task ids (0): never shifted, so they are
+    seen at every id distance; the other ids then start at fixed_prefix."""
+    if fixed_prefix:
+        rest = training_ids(scheme, coupled_ids[:, fixed_prefix:] - fixed_prefix, seq_len - fixed_prefix,
+                            max_position - fixed_prefix, rng, shift, pose_chunks)
+        return np.concatenate([coupled_ids[:, :fixed_prefix].astype(np.int64), rest + fixed_prefix], axis=1)
     B, T = coupled_ids.shape
     seq = np.broadcast_to(np.arange(T), (B, T))
     if scheme == "sequential":
@@ -58,7 +66,8 @@ def training_ids(
 
 
 def inference_ids(scheme: IdScheme, coupled_ids: np.ndarray) -> np.ndarray:
-    """Prompt ids at evaluation: the task's ids for coupled schemes, else 0..T-1 (no shift, no skips)."""
+    """Prompt ids at evaluation: the task's ids for coupled schemes, else 0..T-1 (no shift, no skips;
+    a `<bos>` is token 0 and gets id 0 either way)."""
     if uses_task_ids(scheme):
         return coupled_ids.astype(np.int64)
     return np.broadcast_to(np.arange(coupled_ids.shape[1]), coupled_ids.shape).astype(np.int64)

@@ -68,6 +68,8 @@ class PositionalSpec(Strict):
         None, ge=0, description="attention locality: heads see only keys with |id_q - id_k| <= id_window")
     id_window_heads: int | None = Field(
         None, ge=1, description="how many heads are id-local (default: all); the rest see every key")
+    init_std: float = Field(
+        0.02, gt=0, le=100, description="learned encoding: initial std of the position-embedding table")
 
     @property
     def label(self) -> str:
@@ -80,6 +82,10 @@ class ModelSpec(Strict):
     n_heads: int = Field(4, ge=1)
     d_ff: int | None = Field(None, ge=1, le=2**20, description="default 4 * d_model")
     dropout: float = Field(0.0, ge=0, lt=1)
+    embed_init_std: float = Field(0.02, gt=0, le=100, description="initial std of the token embedding")
+    norm: Literal["layer", "rms"] = Field("layer", description="LayerNorm or RMSNorm")
+    attn_scale: Literal["sqrt", "none"] = Field(
+        "sqrt", description="attention logits divided by sqrt(head dim), or unscaled as in T5")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelSpec":
@@ -204,6 +210,10 @@ class TrialConfig(Strict):
                 position_target=p.position_target,
                 id_window=p.id_window,
                 id_window_heads=p.id_window_heads,
+                pos_init_std=p.init_std,
+                tok_init_std=m.embed_init_std,
+                norm=m.norm,
+                attn_scale=m.attn_scale,
             )
         )
 

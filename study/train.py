@@ -214,7 +214,8 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         t = time.time()
         batch = task.sample(micro, np.random.default_rng([cfg.seed, rank, step]))
         ids = training_ids(pos.ids, batch.position_ids, batch.seq_len, pos.max_position,
-                           np.random.default_rng([cfg.seed, rank, step, 1]), pos.shift, pos.pose_chunks)
+                           np.random.default_rng([cfg.seed, rank, step, 1]), pos.shift, pos.pose_chunks,
+                           task.fixed_prefix)
         loss, parts, _ = next_token_loss(engine, model, Tensors.of(batch, ids, device), w)
         if not math.isfinite(parts["loss"]):  # parts hold floats already: no extra device sync
             lr = engine.lr_scheduler.get_last_lr()[0]

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Batch, Task, Vocab, make_batch
+from .base import BOS, Batch, Task, TaskParamError, Vocab, make_batch, require_int, with_bos
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -30,9 +30,25 @@ class AdditionTask(Task):
     local_coupling: ClassVar[bool] = True
     default_train_length: ClassVar[int] = 5
 
-    def __init__(self, **common: Any) -> None:
+    def __init__(self, *, operands: str = "equal", **common: Any) -> None:
         super().__init__(**common)
+        if operands not in ("equal", "independent"):
+            raise TaskParamError("operands", f"expected 'equal' or 'independent', got {operands!r}")
+        # training draws: both operands with the sample's length (equal), or each operand's length
+        # drawn on its own from [min_length, train_length] and the shorter one zero-padded at the
+        # top to the longer one (independent, as the reference implementation of position coupling
+        # does). Test cells always have two operands of the cell's length.
+        self.operands = operands
         self._digit_ids = self.vocab.ids(DIGITS)
+
+    def sample(self, batch_size: int, rng: np.random.Generator, length: int | None = None,
+               k: int | None = None) -> Batch:
+        if self.operands == "equal" or length is not None:
+            return super().sample(batch_size, rng, length, k)
+        batch_size = require_int("batch_size", batch_size, 1)
+        digits = rng.integers(self.min_length, self.train_length + 1, size=(2, batch_size), dtype=np.int64)
+        batch = self._generate(digits.max(axis=0), None, rng, digits)
+        return with_bos(batch, self.vocab[BOS]) if self.bos else batch
 
     def _build_vocab(self) -> Vocab:
         return Vocab([*DIGITS, "+", "="])
@@ -46,12 +62,15 @@ class AdditionTask(Task):
     def max_seq_len(self, length: int, k: int | None) -> int:
         return 3 * length + 4
 
-    def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator) -> Batch:
+    def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator,
+                  digits: np.ndarray | None = None) -> Batch:
+        """digits [2, B]: each operand's own digit count (<= its sample's length; default: the length)."""
         batch, n_max = len(lengths), int(lengths.max())
         n = lengths[:, None]
+        na, nb = (n, n) if digits is None else (digits[0][:, None], digits[1][:, None])
         sig = np.arange(n_max + 1)[None, :]  # digit significance j; column n_max is the carry-out
-        a = rng.integers(0, 10, size=(batch, n_max + 1), dtype=np.int64) * (sig < n)
-        b = rng.integers(0, 10, size=(batch, n_max + 1), dtype=np.int64) * (sig < n)
+        a = rng.integers(0, 10, size=(batch, n_max + 1), dtype=np.int64) * (sig < na)
+        b = rng.integers(0, 10, size=(batch, n_max + 1), dtype=np.int64) * (sig < nb)
         c = np.zeros_like(a)
         carry = np.zeros(batch, dtype=np.int64)
         for j in range(n_max + 1):  # zero digits past n make c_n the carry-out

@@ -16,6 +16,7 @@ import numpy as np
 
 PAD = "<pad>"
 EOS = "<eos>"
+BOS = "<bos>"
 
 
 class TaskParamError(ValueError):
@@ -112,6 +113,34 @@ def make_batch(
     )
 
 
+def with_bos(batch: Batch, bos_id: int) -> Batch:
+    """The batch with a `<bos>` token at position 0 and id 0 before every sequence (as in the
+    reference implementation of position coupling); every other id moves up by one, and the
+    positions in `meta["deps"]` with it."""
+    B = len(batch)
+
+    def prepend(a: np.ndarray, value) -> np.ndarray:
+        return np.concatenate([np.full((B, 1), value, dtype=a.dtype), a], axis=1)
+
+    meta = [dict(m, deps=[[p + 1 for p in d] for d in m["deps"]]) if "deps" in m else m for m in batch.meta]
+    return Batch(
+        tokens=prepend(batch.tokens, bos_id),
+        position_ids=prepend(_shift_ids(batch), 0),
+        loss_mask=prepend(batch.loss_mask, False),
+        answer_mask=prepend(batch.answer_mask, False),
+        prompt_len=batch.prompt_len + 1,
+        seq_len=batch.seq_len + 1,
+        answers=batch.answers,
+        meta=meta,
+    )
+
+
+def _shift_ids(batch: Batch) -> np.ndarray:
+    """Ids + 1 on real tokens, 0 on padding (make_batch's convention)."""
+    valid = np.arange(batch.tokens.shape[1])[None, :] < batch.seq_len[:, None]
+    return np.where(valid, batch.position_ids + 1, 0)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
@@ -151,6 +180,7 @@ class Task(ABC):
         min_length: int | None = None,
         train_k: int | None = None,
         min_k: int = 1,
+        bos: bool = False,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -191,7 +221,21 @@ class Task(ABC):
             raise TaskParamError(
                 "min_k", f"{self.min_k} is larger than min_length {self.min_length}"
             )
+        if not isinstance(bos, bool):
+            raise TaskParamError("bos", f"expected true or false, got {bos!r}")
+        self.bos = bos
         self.vocab = self._build_vocab()
+        if bos:
+            # `<bos>` goes last, so every other token keeps its id; the bounds grow by one token
+            self.vocab = Vocab([*self.vocab.tokens[2:], BOS])
+            inner_id, inner_len = self.max_position_id, self.max_seq_len
+            self.max_position_id = lambda length, k: inner_id(length, k) + 1  # type: ignore[method-assign]
+            self.max_seq_len = lambda length, k: inner_len(length, k) + 1  # type: ignore[method-assign]
+
+    @property
+    def fixed_prefix(self) -> int:
+        """Leading tokens whose ids are never shifted in training (the `<bos>` at id 0)."""
+        return 1 if self.bos else 0
 
     # --- subclass hooks -------------------------------------------------------------------
 
@@ -271,7 +315,8 @@ class Task(ABC):
                         "length", f"{int(lengths.min())} is smaller than min_k {self.min_k}"
                     )
                 ks = rng.integers(self.min_k, hi + 1, dtype=np.int64)  # type: ignore[arg-type]
-        return self._generate(lengths, ks, rng)
+        batch = self._generate(lengths, ks, rng)
+        return with_bos(batch, self.vocab[BOS]) if self.bos else batch
 
     def validation_sample(self, batch_size: int, rng: np.random.Generator) -> Batch:
         """A batch for the held-out in-distribution validation set (the training loop uses it).

@@ -78,6 +78,8 @@ class LMTask(Task):
         **common: Any,
     ) -> None:
         super().__init__(**common)
+        if self.bos:
+            raise TaskParamError("bos", "synthetic tasks only; a text window has no start token")
         if self.train_length < 2:
             raise TaskParamError("train_length", f"{self.train_length} is smaller than 2 (a window needs a target)")
         max_bytes = require_int("max_bytes", max_bytes, 1)

@@ -120,3 +120,47 @@ def test_training_id_schemes():
     offsets = np.where(valid, cp - coupled, cp[:, :1] - coupled[:, :1])
     assert (offsets == offsets[:, :1]).all() and offsets.min() >= 0 and cp.max() < max_pos
     assert (training_ids("coupled", coupled, seq_len, max_pos, rng, shift=False) == coupled).all()
+
+
+def test_bos_prefix_keeps_id_zero_and_the_rest_is_shifted_as_before():
+    """fixed_prefix=1 (a `<bos>`): its id stays 0 in every scheme, the rest is shifted as a sequence
+    of its own whose ids start at 1, so the `<bos>` is seen at every id distance."""
+    rng = np.random.default_rng(1)
+    B, T, max_pos = 256, 10, 40
+    seq_len = rng.integers(3, T + 1, size=B)
+    coupled = np.concatenate([np.zeros((B, 1), int), np.tile(np.arange(1, T), (B, 1))], axis=1)
+    valid = np.arange(T)[None] < seq_len[:, None]
+    for scheme in ("sequential", "random_shift", "pose", "coupled", "predicted"):
+        ids = training_ids(scheme, coupled, seq_len, max_pos, rng, fixed_prefix=1)
+        assert (ids[:, 0] == 0).all() and (ids[:, 1:] >= 1).all() and ids.max() < max_pos, scheme
+        if scheme in ("random_shift", "coupled"):
+            gaps = ids[:, 1] - ids[:, 0]
+            assert gaps.min() == 1 and gaps.max() > max_pos - T - 3, scheme  # every distance to <bos>
+            assert (np.where(valid[:, 2:], np.diff(ids[:, 1:], axis=1), 1) == 1).all()
+
+
+def test_new_model_options_default_to_the_old_model():
+    """Options from the reference implementation (issue 19): their defaults build the same weights
+    and logits; a larger embedding init scales those tables only; RMSNorm and unscaled attention
+    change the function."""
+    torch.manual_seed(0)
+    old = DecoderLM(ModelConfig(vocab_size=13, max_position=64, d_model=32, n_heads=4))
+    torch.manual_seed(0)
+    wide = DecoderLM(ModelConfig(vocab_size=13, max_position=64, d_model=32, n_heads=4, pos_init_std=1.0,
+                                 tok_init_std=0.5))
+    for (name, a), (_, b) in zip(old.state_dict().items(), wide.state_dict().items()):
+        if name == "pos_emb.weight":
+            assert torch.allclose(b, a * 50)
+        elif name == "tok_emb.weight":
+            assert torch.allclose(b, a * 25)
+        else:
+            assert torch.equal(a, b), name
+    tokens, ids = rand_inputs()
+    base = old.eval()(tokens, ids)[0]
+    for kw in ({"norm": "rms"}, {"attn_scale": "none"}):
+        torch.manual_seed(0)
+        other = DecoderLM(ModelConfig(vocab_size=13, max_position=64, d_model=32, n_heads=4, **kw)).eval()
+        assert not torch.allclose(other(tokens, ids)[0], base), kw
+        out_c, _ = generate(other, tokens, ids, 5, "sequential", use_cache=True)
+        out_u, _ = generate(other, tokens, ids, 5, "sequential", use_cache=False)
+        assert torch.equal(out_c, out_u), kw

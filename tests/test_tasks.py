@@ -403,3 +403,47 @@ def test_tasks_without_k_reject_a_k(name):
     with pytest.raises(TaskParamError) as err:
         get_task(name, train_k=3)
     assert err.value.param == "train_k"
+
+
+# --- options from the reference implementation of position coupling (issue 19) -----------------
+
+
+@pytest.mark.parametrize("name,params", LOCAL)
+def test_bos_prepends_one_token_at_id_zero_and_keeps_the_coupling(name, params):
+    """`bos: true`: a `<bos>` at position 0 with id 0, every other token and id as without it (ids
+    one higher), the dependencies moved with them, so the coupling is as local as before."""
+    plain, bos = get_task(name, train_length=6, **params), get_task(name, train_length=6, bos=True, **params)
+    assert bos.vocab.tokens[:-1] == plain.vocab.tokens and bos.vocab.tokens[-1] == "<bos>"
+    k = 3 if plain.uses_k else None
+    for length in (None, 9):
+        a, b = plain.sample(32, rng(4), length=length, k=k), bos.sample(32, rng(4), length=length, k=k)
+        check_padding(bos, b)
+        assert (b.tokens[:, 0] == bos.vocab["<bos>"]).all() and (b.position_ids[:, 0] == 0).all()
+        valid = np.arange(a.tokens.shape[1])[None, :] < a.seq_len[:, None]
+        assert np.array_equal(b.tokens[:, 1:], a.tokens) and np.array_equal(b.seq_len, a.seq_len + 1)
+        assert np.array_equal(b.position_ids[:, 1:], np.where(valid, a.position_ids + 1, 0))
+        assert b.answers == a.answers and np.array_equal(b.loss_mask[:, 1:], a.loss_mask)
+    assert bos.max_position_id(9, k) == plain.max_position_id(9, k) + 1
+    assert bos.max_seq_len(9, k) == plain.max_seq_len(9, k) + 1
+    assert dependency_offsets(bos, 24, k) == dependency_offsets(plain, 24, k)
+
+
+def test_addition_with_operand_lengths_drawn_independently():
+    task = get_task("addition", train_length=6, operands="independent")
+    batch = task.sample(400, rng(3))
+    check_padding(task, batch)
+    shorter = 0
+    for (tokens, ids, loss, ans, prompt), answer, meta in zip(rows(task, batch), batch.answers, batch.meta):
+        n = meta["length"]
+        a, b = "".join(tokens[:n]), "".join(tokens[n + 1 : 2 * n + 1])
+        assert int(a) + int(b) == int(answer) and len(answer) == n + 1
+        shorter += a.startswith("00") or b.startswith("00")
+    assert shorter > 50  # zero-padded operands are common
+    # the padded width is the longer operand's length: E[max of two U[1, 6]] = 4.47, not 3.5
+    assert np.mean([m["length"] for m in batch.meta]) > 4.2
+    cell = task.sample(50, rng(3), length=10)  # test cells: both operands of the cell's length
+    assert (cell.seq_len == 34).all()
+    with pytest.raises(TaskParamError, match="operands"):
+        get_task("addition", operands="ragged")
+    with pytest.raises(TaskParamError, match="bos"):
+        get_task("addition", bos="yes")
