@@ -686,6 +686,17 @@ def test_a_file_uri_is_the_local_folder_it_names(tmp_path, capsys):
     assert not folder.exists()  # a dry run writes nothing
 
 
+def test_a_query_string_is_refused_where_the_bucket_exists(s3, tmp_path, capsys, monkeypatch, no_study_starts):
+    """The probe object alone cannot tell: a real bucket (an S3 API on 127.0.0.1) takes it, and the
+    study's folders would then be joined after the query (`s3://b/p?region=x/smoke/tune`)."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"s3://{s3['bucket']}/q?region={RNG.choice(['us-east-1', 'eu-west-1'])}"
+    code = run_cli.main(["--space", str(ROOT / "search_spaces" / "smoke.yaml"), "--storage", uri])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --storage: ") and "query string" in err, err
+    assert not s3["client"].list_objects_v2(Bucket=s3["bucket"], Prefix="q").get("Contents")
+
+
 def test_a_query_string_stays_at_the_end_of_a_joined_uri():
     from study import storage as store
 

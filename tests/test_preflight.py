@@ -1,0 +1,139 @@
+"""Security and environment, with real processes: `local` means the loopback-only embedded Ray in any
+spelling, a `file:` storage URI is the folder it names, and a checkpoint found through an MLflow tag
+is read as weights only (a pickle in it runs no code). The refusals of bad flags are in the fuzz
+corpus (tests/test_validation_fuzz.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from test_study import ENV, NOT_BINDABLE, ROOT, RUN, is_loopback, listening, write_spec
+
+
+# --- local means loopback ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_ray_address_local_is_the_loopback_embedded_ray_and_a_file_uri_a_folder(tmp_path):
+    """RAY_ADDRESS=local (here ' Local ') once joined "a cluster at local": Ray started without the
+    loopback switch and listened on the LAN address. And `--storage file:///new/dir` was a bucket
+    URI whose probe could not be written in a folder that did not exist yet."""
+    spec = write_spec(tmp_path, **{"name": "local_spelling", "search/trials_per_cell": 1, "base/optim/steps": 40})
+    storage = tmp_path / "new" / "dir"
+    env = {**ENV, "RAY_ADDRESS": " Local "}
+    seen = set()
+    with (tmp_path / "out").open("w+") as log:
+        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", f"file://{storage}"], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.time() + 600
+            while proc.poll() is None and time.time() < deadline:
+                seen |= listening(proc.pid)
+                time.sleep(0.3)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.seek(0)
+        out = log.read()
+    assert proc.returncode == 0, out[-5000:]
+    ray_line = next(line for line in out.splitlines() if line.startswith("ray: "))
+    assert ray_line.startswith("ray: embedded local Ray on 127.0.0.1"), ray_line
+    labels = " ".join(label for label, _, _ in seen)
+    assert "gcs_server" in labels and "raylet" in labels, seen
+    exposed = sorted((label, ip, port) for label, ip, port in seen
+                     if not is_loopback(ip) and not any(owner in label for owner in NOT_BINDABLE))
+    assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
+    # the file: URI is the folder: the study and its default MLflow store are in it
+    assert (storage / "local_spelling" / "results.csv").is_file() and (storage / "mlflow.db").is_file()
+    assert not (ROOT / "studies" / "local_spelling").exists()
+
+
+# --- checkpoints are weights, not programs ------------------------------------------------------------
+MARKER_CODE = "open({path!r}, 'w').write('pwned')"
+
+
+class RunsCode:
+    """A pickle that runs code when loaded with weights_only=False."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (MARKER_CODE.format(path=str(self.marker)),)
+
+
+def trial_config(zero_stage: int) -> dict:
+    cfg = yaml.safe_load((ROOT / "search_spaces" / "trials" / "sparse_parity.yaml").read_text())
+    cfg["optim"].update(steps=4, warmup_steps=1)
+    cfg["eval"].update(every_steps=4, samples_per_cell=4)
+    cfg.setdefault("deepspeed", {})["zero_stage"] = zero_stage
+    cfg.pop("sparsity", None)
+    return cfg
+
+
+def hostile_checkpoint(folder: Path, zero_stage: int, marker: Path) -> Path:
+    """A checkpoint folder as a trial writes it (trial_config.json, checkpoint/*.pt) whose .pt files
+    are pickles that run code."""
+    from study.config import TrialConfig
+
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "trial_config.json").write_text(TrialConfig.model_validate(trial_config(zero_stage)).model_dump_json())
+    names = (["mp_rank_00_model_states.pt"] if zero_stage < 3 else
+             ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"])
+    for name in names:
+        torch.save({"module": RunsCode(marker), "payload": RunsCode(marker)}, folder / "checkpoint" / name)
+    (folder / "latest").write_text("checkpoint")
+    return folder
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_a_checkpoint_that_holds_code_does_not_run_it(zero_stage, tmp_path):
+    from study.train import load_trained
+
+    marker = tmp_path / "pwned"
+    folder = hostile_checkpoint(tmp_path / "ckpt", zero_stage, marker)
+    with pytest.raises(Exception) as e:
+        load_trained(str(folder))
+    assert not marker.exists(), "loading the checkpoint ran the code in it"
+    assert "weights" in str(e.value).lower() or "unpickl" in type(e.value).__name__.lower(), e.value
+    assert os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") is None  # restored after a ZeRO-3 load
+
+
+def test_a_checkpoint_an_mlflow_tag_points_to_is_read_as_weights(tmp_path, capsys):
+    """The analysis CLIs follow a trial run's `checkpoint` tag: anyone who can write the tracking store
+    can point it anywhere."""
+    from mlflow.tracking import MlflowClient
+
+    from study import sparsity
+
+    marker = tmp_path / "pwned"
+    folder = hostile_checkpoint(tmp_path / "planted", 0, marker)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("study"))
+    client.set_tag(run.info.run_id, "checkpoint", str(folder))
+    with pytest.raises(Exception):
+        sparsity.main(["--mlflow-run", run.info.run_id, "--mlflow-uri", uri, "--out", str(tmp_path / "out")])
+    assert not marker.exists(), "the tagged checkpoint ran its code"
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_real_checkpoints_still_load_as_weights(zero_stage, tmp_path):
+    from study.session import FolderSession
+    from study.train import load_trained, train_loop_per_worker
+
+    folder = tmp_path / "ckpt"
+    train_loop_per_worker(trial_config(zero_stage), FolderSession(str(folder)))
+    cfg, _, model = load_trained(str(folder))
+    assert cfg.deepspeed.zero_stage == zero_stage
+    state = model.state_dict()
+    assert state and all(torch.isfinite(v).all() for v in state.values())
+    assert json.loads((folder / "trial_config.json").read_text())["deepspeed"]["zero_stage"] == zero_stage
