@@ -209,6 +209,10 @@ def check_mlflow_uri(uri: str, network: bool = True) -> str | None:
         return check_local_folder("--mlflow-uri", os.path.dirname(path), uri)
     if scheme in ("http", "https"):
         return check_tracking_server(uri) if network else None
+    if ("://" not in uri or scheme == "file") and \
+            os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        return (f"--mlflow-uri: {uri}: MLflow 3 refuses a file store (unless MLFLOW_ALLOW_FILE_STORE=true); "
+                "give a database, e.g. sqlite:///path/to/mlflow.db, or a tracking server")
     return None
 
 

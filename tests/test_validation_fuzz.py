@@ -575,6 +575,10 @@ def flag_cases(rng: random.Random) -> list[FlagCase]:
         (tmp / "afile").write_text("x")
         return ["--mlflow-uri", f"sqlite:///{tmp}/afile/mlflow.db"], {}
 
+    @case("mlflow-file-store", "--mlflow-uri")
+    def _(tmp):
+        return ["--mlflow-uri", rng.choice([str(tmp / "mlruns"), f"file://{tmp}/mlruns", "./mlruns"])], {}
+
     @case("mlflow-sqlite-unwritable", "--mlflow-uri")
     def _(tmp):
         return ["--mlflow-uri", f"sqlite:///{_unwritable(tmp, rng)}/new/mlflow.db"], {}
