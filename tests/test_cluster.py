@@ -249,7 +249,8 @@ def _strict(schema):
     if out.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    open_ended = "additionalProperties" in out or out.get("x-kubernetes-preserve-unknown-fields")
+    if "properties" in out and not open_ended:
         out["additionalProperties"] = False
     return out
 
