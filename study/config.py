@@ -402,7 +402,14 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def load_yaml(path: str, what: str) -> dict:
-    """Read a file holding one YAML mapping (`what` says which kind, for the error)."""
+    """Read a file holding one YAML mapping (`what` says which kind, for the error). Aliases are not
+    expanded without bound: an alias bomb is refused before anything is built."""
+    from study.preflight import YamlBomb, check_yaml_expansion
+
+    try:
+        check_yaml_expansion(path)
+    except YamlBomb as e:
+        raise InputFileError(str(e)) from None
     with open(path) as f:
         try:
             loader = _StrictLoader(f)

@@ -354,11 +354,10 @@ def checkpoint_of_run(uri: str, run_id: str):
     `checkpoint` tag (study/tracking.py) is where its model was stored."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
-    checkpoint = client.get_run(run_id).data.tags.get("checkpoint")
-    if not checkpoint:
-        raise ValueError(f"--mlflow-run: run {run_id} has no `checkpoint` tag")
-    return client, run_id, checkpoint
+    from study.preflight import checkpoint_of_run as tagged_checkpoint
+
+    checkpoint = tagged_checkpoint(uri, run_id)  # a ValueError naming --mlflow-run or --mlflow-uri
+    return MlflowClient(uri), run_id, checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:

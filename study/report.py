@@ -173,8 +173,13 @@ def _save(plt, fig, axes, used: int, path: str, bottom: float, ncol: int, **lege
         ax.set_ylabel("answer accuracy (mean, 95% band)")
     for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), ncol), fontsize=8, **legend)
+    by_label = {}  # from every panel: the first may have drawn nothing
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            by_label.setdefault(label, handle)
+    if by_label:
+        fig.legend(list(by_label.values()), list(by_label), loc="lower center", ncol=min(len(by_label), ncol),
+                   fontsize=8, **legend)
     fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -319,9 +324,6 @@ def report_from_results(spec: StudySpec, results: pd.DataFrame, out_dir: str
     import tempfile
 
     os.makedirs(out_dir, exist_ok=True)
-    for col in ("length", "k"):  # whole numbers, also beside the rows of trials with no test grid (NA)
-        if col in results:
-            results[col] = results[col].astype("Int64")
     stage = tempfile.mkdtemp(prefix=".report-", dir=out_dir)
     try:
         selected, summary, staged = _write_report_files(spec, results, stage)
@@ -367,18 +369,25 @@ def _write_atomic(path: str, data: bytes) -> None:
     store.write_atomic(path, data)
 
 
+def _to_csv(frame: pd.DataFrame, path: str) -> None:
+    """Lengths and k as whole numbers, also in a column that has gaps (a trial without a test grid,
+    a task without k), where pandas holds them as floats."""
+    whole = {c: "Int64" for c in ("length", "k") if c in frame and frame[c].dropna().map(lambda v: float(v).is_integer()).all()}
+    frame.astype(whole).to_csv(path, index=False)
+
+
 def _write_report_files(spec: StudySpec, results: pd.DataFrame, out_dir: str
                         ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
     files = {"results": os.path.join(out_dir, "results.csv"), "spec": os.path.join(out_dir, "study_spec.json")}
-    results.to_csv(files["results"], index=False)
+    _to_csv(results, files["results"])
     with open(files["spec"], "w") as f:
         f.write(spec.model_dump_json(indent=1))
     selected = select(spec, results)
     files["selected"] = os.path.join(out_dir, "selected.csv")
-    selected.to_csv(files["selected"], index=False)
+    _to_csv(selected, files["selected"])
     summary = summarize_seeds(spec, results, selected) if not selected.empty else pd.DataFrame()
     files["summary"] = os.path.join(out_dir, "summary.csv")
-    summary.to_csv(files["summary"], index=False)
+    _to_csv(summary, files["summary"])
     if not summary.empty:
         train_lengths, train_ks = cell_train_sizes(spec)
         files["plot"] = plot_accuracy(summary, os.path.join(out_dir, "accuracy_vs_length.png"), train_lengths)
@@ -424,7 +433,7 @@ def summary_lines(spec: StudySpec, selected: pd.DataFrame, summary: pd.DataFrame
             if mean == mean:
                 lines.append(f"      {col:<13}{_mean_ci(mean, row[f'{col}_lo'], row[f'{col}_hi'])}")
     if len(summary):
-        longest = summary.length.max()
+        longest = int(summary.length.max())
         at = summary[summary.length == longest]
         lines.append(f"answer accuracy at test length {longest}, per k_test (mean [95% interval] over seeds):")
         for cell, g in at.groupby("cell", sort=False):

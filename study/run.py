@@ -159,6 +159,12 @@ def local_shortfall(spec: StudySpec) -> str | None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from study import preflight
+
+    problem = preflight.check_flags(args)  # flags and environment, before anything is read or written
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     from study.config import InputFileError, describe_errors
 
     try:
@@ -169,12 +175,15 @@ def main(argv=None) -> int:
         return EXIT_BAD_INPUT
     from study import storage as store
 
-    address = args.address or os.environ.get("RAY_ADDRESS")
+    address = preflight.ray_address(args.address)  # None: the embedded Ray (`local` in any spelling)
     storage = store.absolute(args.storage)
     study_dir = store.join(storage, spec.name)
     tune_dir = store.join(study_dir, "tune")
     concurrency = default_concurrency(spec, cluster_cpus(address))
     if args.dry_run:
+        from study.tuning import build_search
+
+        build_search(spec, spec.resources.model_dump())  # what Tune would be given, built (no Ray started)
         lines = plan_lines(spec, concurrency)
         if args.cluster:
             try:

@@ -387,15 +387,8 @@ def _set_path(cfg: dict, path: str, value: Any) -> None:
 
 
 def load_spec(path: str) -> StudySpec:
-    """Read and validate a study spec; errors name the field (`describe_errors`). A spec whose YAML
-    aliases would expand without bound (an alias bomb) is refused before it is loaded."""
-    from study.config import InputFileError
-    from study.preflight import YamlBomb, check_yaml_expansion
-
-    try:
-        check_yaml_expansion(path)
-    except YamlBomb as e:
-        raise InputFileError(str(e)) from None
+    """Read and validate a study spec; errors name the field (`describe_errors`); an alias bomb is
+    refused before it is loaded (load_yaml)."""
     return StudySpec.model_validate(load_yaml(path, "a study spec"))
 
 

@@ -69,7 +69,6 @@ def run_study(
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from study.progress import ProgressPrinter
-    from study.search import CellASHA, CellSearcher
     from study.trial import run_trial, trial_resources
 
     start_ray(address)
@@ -93,15 +92,11 @@ def run_study(
             # a selection whose replicas already ran
             tuner = tune.Tuner.restore(tune_dir, trainable, resume_errored=False)
         else:
-            scheduler = (
-                CellASHA(spec.objective.metric, spec.objective.mode,
-                         spec.scheduler.grace_period, spec.scheduler.reduction_factor)
-                if spec.scheduler.type == "asha" else None
-            )
+            searcher, scheduler = build_search(spec, resources)
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(
-                    search_alg=CellSearcher(spec, resources),
+                    search_alg=searcher,
                     scheduler=scheduler,
                     num_samples=len(spec.cells()) * spec.trials_per_cell,
                     max_concurrent_trials=max_concurrent,
@@ -185,6 +180,16 @@ def run_study(
     except BaseException:
         tracker.finish("FAILED")
         raise
+
+
+def build_search(spec: StudySpec, resources: dict):
+    """The study's searcher and scheduler (None: FIFO). `--dry-run` builds them too, so a spec
+    whose scheduler cannot be built fails there, not on the cluster."""
+    from study.search import CellASHA, CellSearcher
+
+    scheduler = (CellASHA(spec.objective.metric, spec.objective.mode, spec.scheduler.grace_period,
+                          spec.scheduler.reduction_factor) if spec.scheduler.type == "asha" else None)
+    return CellSearcher(spec, resources), scheduler
 
 
 def time_in_steps(trials: list[dict], wall_s: float, slots: int | None) -> dict[str, float]:

@@ -1,0 +1,107 @@
+"""Every shipped study spec runs for real, shrunk to a few steps (issue 20): `--dry-run` alone let
+the paper_* specs ship with a scheduler that could not be built.
+
+A spec is shrunk only in size: a few steps (a searched warmup too) and evaluation samples, a tiny
+model of the same head count, one CPU worker, the first two values of a factor that is not the positional scheme (every
+scheme is kept, since each builds a different model), two search trials per cell. The task, the
+schemes, the search, the scheduler, ZeRO stage and bf16, and the analyses stay as shipped. A
+Hugging Face corpus (`hf:`, nothing may be downloaded here) becomes the stdlib corpus: the hub
+loader is tested on local data in tests/test_lm_task.py.
+
+All specs run as studies in one driver process, so they share one local Ray (about 10 s of start-up
+saved per spec).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import yaml
+from test_study import ENV, ROOT
+
+pytestmark = pytest.mark.slow
+
+SHIPPED = sorted(p for p in (ROOT / "search_spaces").glob("*.yaml") if p.stem != "smoke")  # smoke: test_study
+
+
+def shrink(spec: dict) -> dict:
+    spec = json.loads(json.dumps(spec))
+    spec["name"] = f"shrunk_{spec['name']}"
+    base = spec.setdefault("base", {})
+    searched = spec["search"].get("params", {}) if isinstance(spec.get("search"), dict) else {}
+    base["optim"] = {**base.get("optim", {}), "steps": 4, "batch_size": 4}
+    if "optim.warmup_steps" in searched:  # still searched, within the few steps
+        searched["optim.warmup_steps"] = {"choice": [0, 2]}
+    else:
+        base["optim"]["warmup_steps"] = 0
+    ev = base.setdefault("eval", {})
+    ev.update(every_steps=2, samples_per_cell=4, val_samples=4, batch_size=4)
+    for key in ("lengths", "ks"):
+        if key in ev:
+            ev[key] = ev[key][:2]
+    heads = base.get("model", {}).get("n_heads", 2)
+    base["model"] = {**base.get("model", {}), "d_model": 8 * heads, "n_layers": 1}
+    for section in ("sparsity", "loss_gap"):  # the analyses: two targets, a short context, small k
+        if section in base:
+            base[section]["targets"] = 2
+            if "long_context" in base[section]:
+                base[section].update(long_context=48, short_context=16)
+    if "k_max" in base.get("sparsity", {}):
+        base["sparsity"]["k_max"] = 2
+    if "loss_gap" in base:
+        base["loss_gap"].update(ks=[1, 2], sparse_k=2)
+    params = spec["task"].setdefault("params", {})
+    if str(params.get("corpus", "")).startswith("hf:"):
+        for key in ("hf_config", "hf_split"):
+            params.pop(key, None)
+        params.update(corpus="stdlib", max_bytes=400_000)
+    spec["grid"] = {path: values if path.startswith("positional") else values[:2]
+                    for path, values in spec.get("grid", {}).items()}
+    if isinstance(spec.get("search"), dict):
+        spec["search"]["trials_per_cell"] = 2
+        spec["replicas"] = min(spec.get("replicas", 1), 2)
+    else:
+        spec["replicas"] = 1
+    spec["resources"] = {**spec.get("resources", {}), "workers_per_trial": 1, "cpus_per_worker": 1,
+                         "gpus_per_worker": 0, "max_concurrent_trials": None}
+    return spec
+
+
+def test_every_shipped_spec_runs_shrunk(tmp_path):
+    specs = []
+    for path in SHIPPED:
+        shrunk = tmp_path / path.name
+        shrunk.write_text(yaml.safe_dump(shrink(yaml.safe_load(path.read_text()))))
+        specs.append(str(shrunk))
+    storage = tmp_path / "studies"
+    driver = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from study.run import main
+        codes = {{}}
+        for spec in {specs!r}:
+            codes[spec] = main(["--space", spec, "--storage", {str(storage)!r}])
+        print("EXIT CODES " + json.dumps(codes), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", driver], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=1500)
+    tail = out.stdout[-6000:] + out.stderr[-6000:]
+    assert out.returncode == 0 and "EXIT CODES" in out.stdout, tail
+    codes = json.loads(out.stdout.split("EXIT CODES ", 1)[1].splitlines()[0])
+    assert codes == {s: 0 for s in specs}, tail
+    for path in SHIPPED:
+        raw = shrink(yaml.safe_load(path.read_text()))
+        results = pd.read_csv(storage / raw["name"] / "results.csv")
+        selected = pd.read_csv(storage / raw["name"] / "selected.csv")
+        cells = 1
+        for values in raw["grid"].values():
+            cells *= len(values)
+        assert selected.cell.nunique() == cells, path.name  # every cell ran and has a selection
+        per_cell = raw["search"]["trials_per_cell"] + raw["replicas"] - 1 if isinstance(raw.get("search"), dict) \
+            else raw["replicas"]
+        assert results.trial_id.nunique() == cells * per_cell, path.name
