@@ -25,6 +25,7 @@ from study.spec import StudySpec, load_spec  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM, stopped the same way
 
 # Local means local: everything the embedded study starts listens on 127.0.0.1. Ray 2.60 binds each
 # listener of a node (GCS, raylet, object manager, core workers, dashboard agent, runtime-env agent,
@@ -95,8 +96,13 @@ def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking
     from study.report import summary_lines
     from study.tracking import runs_link
 
+    from study.tracking import RECORDING_ERRORS
+
     lines = summary_lines(spec, selected, summary) + ["files:"] + [f"  {f}" for f in files]
-    link = runs_link(tracking_uri, MlflowClient(tracking_uri).get_experiment_by_name(spec.name).experiment_id)
+    try:
+        link = runs_link(tracking_uri, MlflowClient(tracking_uri).get_experiment_by_name(spec.name).experiment_id)
+    except RECORDING_ERRORS:
+        return lines
     if tracking_uri.startswith("http"):
         return lines + [f"MLflow:  {link}"]
     mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")
@@ -249,18 +255,22 @@ def main(argv=None) -> int:
         with driver_lock(study_dir):
             identity = stored if args.resume else ident.create(spec, study_dir)
             print("\n".join(plan_lines(spec, concurrency)), flush=True)
-            selected, summary, files, failed = run_study(spec, study_dir, tracking_uri, address, concurrency,
-                                                          args.resume, args.verbose, identity)
+            selected, summary, files, failed, unrecorded = run_study(
+                spec, study_dir, tracking_uri, address, concurrency, args.resume, args.verbose, identity)
     except StudyLocked as e:  # before anything of the study was touched
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:  # the study's MLflow run is KILLED and nothing was reported
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # the study's MLflow run is KILLED and nothing was reported
+        from study.tuning import Terminated
+
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     print("\n".join(closing_lines(spec, selected, summary, files, tracking_uri)))
     chosen = set(selected["cell"]) if "cell" in selected else set()
     unselected = [c.label for c in spec.cells() if c.label not in chosen]
+    if unrecorded:
+        print(f"error: mlflow: {unrecorded}", file=sys.stderr)
     if not failed and not unselected:
-        return 0
+        return 1 if unrecorded else 0
     lines = [f"error: {len(failed)} trial(s) failed:"] if failed else ["error:"]
     lines += [f"  {t['trial_id']} (cell {t['cell']}): {t['reason']}" for t in failed]
     lines += [f"  cell {label}: no trial finished, nothing selected" for label in unselected]

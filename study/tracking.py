@@ -20,7 +20,12 @@ import math
 import os
 import time
 
+import collections
+import functools
+import sys
+
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
@@ -30,6 +35,20 @@ from study.storage import uri_of
 
 PARENT_TAG = "study.parent"
 TRIAL_TAG = "tune.trial_id"
+# what an unreachable or failing tracking store raises (a server down: requests' errors are OSErrors)
+RECORDING_ERRORS = (MlflowException, OSError)
+RETRY_S = 10.0  # while MLflow cannot be reached, events wait this long before the next try
+
+
+def deferrable(hook):
+    """A Tune hook of the tracker whose MLflow calls may wait: it joins the backlog, and the backlog
+    is recorded in order, as far as MLflow answers (`StudyTracker.drain`). The trials go on while the
+    store is down; nothing is dropped, and a hook is replayed whole (runs are found again by tag)."""
+    @functools.wraps(hook)
+    def call(self, *args, **kwargs):
+        self.backlog.append((hook, args, kwargs))
+        self.drain()
+    return call
 
 
 def open_experiment(client: MlflowClient, spec: StudySpec, artifact_location: str | None) -> str:
@@ -122,13 +141,56 @@ class StudyTracker(Callback):
         self.due = False
         self.session_start = time.time()
         self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
+        self.backlog: collections.deque = collections.deque()  # hooks MLflow has not taken yet
+        self.retry_at = 0.0
+        self.down_since: float | None = None
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment; the client is rebuilt
-        return {k: v for k, v in self.__dict__.items() if k != "client"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("client", "backlog")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.client = MlflowClient(self.tracking_uri)
+        self.backlog = collections.deque()
+
+    # --- MLflow down: a backlog, recorded in order once it answers ------------------------------
+    def drain(self, force: bool = False) -> None:
+        """Record the backlog in order; stop at the first call MLflow does not take (and wait
+        RETRY_S before trying again, unless `force`)."""
+        if not self.backlog or (not force and time.time() < self.retry_at):
+            return
+        while self.backlog:
+            hook, args, kwargs = self.backlog[0]
+            try:
+                hook(self, *args, **kwargs)
+            except RECORDING_ERRORS as e:
+                self.retry_at = time.time() + RETRY_S
+                if self.down_since is None:
+                    self.down_since = time.time()
+                    print(f"warning: mlflow: cannot record to {self.tracking_uri} ({_first_line(e)}); the "
+                          "trials go on and their events are recorded once it answers", file=sys.stderr, flush=True)
+                return
+            self.backlog.popleft()
+        if self.down_since is not None:
+            print(f"mlflow: recording again after {time.time() - self.down_since:.0f} s; every event "
+                  "held meanwhile is recorded", flush=True)
+            self.down_since = None
+
+    def flush(self, wait_s: float = 60.0) -> None:
+        """Record the whole backlog, trying for up to `wait_s`; raise the store's error if it is still
+        down, and say what was not recorded."""
+        deadline = time.time() + wait_s
+        while True:
+            self.drain(force=True)
+            if not self.backlog:
+                return
+            if time.time() >= deadline:
+                break
+            time.sleep(min(RETRY_S, max(0.0, deadline - time.time())))
+        held = collections.Counter(hook.__name__ for hook, _, _ in self.backlog)
+        trials = sorted({a.trial_id for _, args, kw in self.backlog for a in [*args, *kw.values()] if hasattr(a, "trial_id")})
+        raise MlflowException(f"{self.tracking_uri} did not answer: {len(self.backlog)} event(s) not recorded "
+                              f"({', '.join(f'{n} x{c}' for n, c in held.items())}; trials {', '.join(trials) or '-'})")
 
     # --- child runs -----------------------------------------------------------------------
     def _child(self, trial) -> str:
@@ -165,10 +227,12 @@ class StudyTracker(Callback):
         self.children[trial.trial_id] = run_id
         return run_id
 
+    @deferrable
     def on_trial_start(self, iteration, trials, trial, **info):
         self.starts[trial.trial_id] = self.starts.get(trial.trial_id, 0) + 1
         self._child(trial)
 
+    @deferrable
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._child(trial)
         if run_id in self.sealed:
@@ -250,12 +314,20 @@ class StudyTracker(Callback):
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         self.due = True  # the state must name this checkpoint before the one it names is deleted
+        self._checkpointed(trial, checkpoint)
+
+    @deferrable
+    def _checkpointed(self, trial, checkpoint):
         run_id = self._child(trial)
         if run_id not in self.sealed:  # `python -m study.loss_gap --mlflow-run` finds the model here
             self.client.set_tag(run_id, "checkpoint", uri_of(checkpoint.filesystem, checkpoint.path))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.due = True
+        self.due = True  # now, whether MLflow answers or not: the next snapshot must record it
+        self._complete(trial)
+
+    @deferrable
+    def _complete(self, trial):
         run_id = self._child(trial)
         if run_id not in self.sealed:  # FINISHED once the snapshot saying so is in storage
             last = trial.last_result or {}
@@ -268,13 +340,23 @@ class StudyTracker(Callback):
         return self.due
 
     def on_snapshot(self) -> None:
-        for run_id in self.finishing:
-            self.client.set_terminated(run_id, "FINISHED")
-        self.finishing.clear()
         self.due = False
+        self._snapshot_taken()
+
+    @deferrable
+    def _snapshot_taken(self) -> None:
+        # the runs of trials completed before this snapshot (a backlog is recorded in order: their
+        # completion is in `finishing` by now)
+        while self.finishing:
+            self.client.set_terminated(self.finishing[0], "FINISHED")
+            self.finishing.pop(0)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.due = True
+        self._failed(trial)
+
+    @deferrable
+    def _failed(self, trial):
         run_id = self._child(trial)
         reason = ""
         if trial.error_file and os.path.exists(trial.error_file):  # written locally before this call
@@ -352,6 +434,11 @@ def study_params(spec: StudySpec) -> dict[str, str]:
     out.update({"objective": f"{spec.objective.mode} {spec.objective.metric} (ties: lower val_loss)",
                 "replicas": spec.replicas, "cells": len(spec.cells()), "task": spec.task.name, "seed": spec.seed})
     return out
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
 
 
 def error_reason(error) -> str:

@@ -14,7 +14,7 @@ from study.identity import StudyIdentity
 from study.report import write_report
 from study.snapshots import BACKSTOP_PERIOD_S, snapshots_on_events
 from study.spec import StudySpec
-from study.tracking import StudyTracker, error_reason
+from study.tracking import RECORDING_ERRORS, StudyTracker, error_reason
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,9 +55,10 @@ def start_ray(address: str | None) -> None:
 def run_study(
     spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
     max_concurrent: int | None, resume: bool, verbose: bool = False, identity: StudyIdentity | None = None,
-) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict]]:
+) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict], str | None]:
     """Run (or resume) the study; write the report; return the per-cell selection, the per-length
-    summary over seeds, the files written and the failed trials ({trial_id, cell, reason}).
+    summary over seeds, the files written, the failed trials ({trial_id, cell, reason}) and what
+    MLflow could not record (None: everything).
     `identity` ties the MLflow record to this study folder (None: a study made before study ids)."""
     # one experiment snapshot per checkpoint is what resume needs; don't warn about it
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -65,6 +66,9 @@ def run_study(
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", BACKSTOP_PERIOD_S)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic table, with the columns we choose
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard; JSON/CSV below
+    # a tracking server that is down fails a call in seconds (MLflow's default retries take minutes,
+    # all of them inside Tune's loop): the tracker holds the event and tries again (study/tracking.py)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
@@ -72,6 +76,7 @@ def run_study(
     from study.trial import run_trial, trial_resources
 
     start_ray(address)
+    terminated = stop_like_ctrl_c_on_sigterm()
     ray_started = time.time()
     r = spec.resources
     resources = {**r.model_dump(), "storage": study_dir}
@@ -146,18 +151,13 @@ def run_study(
         # holds trials that did not end (or fewer than planned); they must not read as a result
         planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, grid)
         if len(grid) < planned or grid.num_terminated + grid.num_errors < len(grid):
-            raise KeyboardInterrupt
+            raise Terminated if terminated else KeyboardInterrupt
         trials = [
             {"trial_id": _trial_id(res), "config": res.config, "metrics": res.metrics, "status": trial_status(res),
              "reason": error_reason(res.error)}
             for res in grid
         ]
-        dropped = tracker.reconcile({_trial_id(res) for res in grid if not res.error},
-                                    {_trial_id(res) for res in grid})
-        if dropped:
-            print(f"mlflow: deleted {len(dropped)} run(s) of trials started before the interruption and "
-                  "not in the restored experiment (their work was redone)", flush=True)
-        tracker.log_study_metrics(time_in_steps(trials, time.time() - ray_started, max_concurrent))
+        timing = time_in_steps(trials, time.time() - ray_started, max_concurrent)
         cells = {c.index: c.label for c in spec.cells()}
         failed = [{"trial_id": t["trial_id"], "cell": cells[t["config"]["cell"]], "reason": t["reason"]}
                   for t in trials if t["status"] == "ERROR"]
@@ -168,18 +168,62 @@ def run_study(
                 for key, path in sorted(files.items(), key=lambda kv: kv[0] == "marker"):
                     with open(path, "rb") as f:
                         store.write_atomic(store.join(study_dir, os.path.basename(path)), f.read())
-            tracker.record_selection(selected)
-            tracker.finish("FAILED" if failed else "FINISHED", files)
+            # the results are in storage; MLflow's record comes after, and may fail without losing them
+            unrecorded = None
+            try:
+                tracker.flush()
+                dropped = tracker.reconcile({_trial_id(res) for res in grid if not res.error},
+                                            {_trial_id(res) for res in grid})
+                if dropped:
+                    print(f"mlflow: deleted {len(dropped)} run(s) of trials started before the interruption "
+                          "and not in the restored experiment (their work was redone)", flush=True)
+                tracker.log_study_metrics(timing)
+                tracker.record_selection(selected)
+                tracker.finish("FAILED" if failed else "FINISHED", files)
+            except RECORDING_ERRORS as e:
+                unrecorded = (f"{e}. The results are complete in {study_dir}; the MLflow record of study "
+                              f"{spec.name} is not")
         written = [store.join(study_dir, os.path.basename(path)) for path in files.values()]
-        return selected, summary, written, failed
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SystemExit: SIGTERM (ray.init's handler)
-        tracker.finish("KILLED")
+        return selected, summary, written, failed, unrecorded
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM (Terminated), or an exit
+        _finish_if_reachable(tracker, "KILLED")
         print(f"interrupted: no results written; continue with --resume (study {study_dir})",
               file=sys.stderr)
         raise
     except BaseException:
-        tracker.finish("FAILED")
+        _finish_if_reachable(tracker, "FAILED")
         raise
+
+
+def _finish_if_reachable(tracker: StudyTracker, status: str) -> None:
+    """End the study's MLflow runs; a store that does not answer must not hide why the study ended."""
+    try:
+        tracker.flush(wait_s=0)
+        tracker.finish(status)
+    except RECORDING_ERRORS as e:
+        print(f"warning: mlflow: the study's runs could not be marked {status}: {e}", file=sys.stderr, flush=True)
+
+
+class Terminated(KeyboardInterrupt):
+    """The study was stopped by SIGTERM (a scheduler, `kill`, a node shutting down), as by Ctrl-C."""
+
+
+def stop_like_ctrl_c_on_sigterm() -> list[int]:
+    """SIGTERM stops the study as Ctrl-C does: Tune stops the trials and saves the experiment, the
+    MLflow runs end KILLED, `--resume` continues. It replaces the handler `ray.init` installs, which
+    kills the local Ray at once and exits (no state saved). Returns a list that holds the signal
+    once it came."""
+    import signal
+
+    received: list[int] = []
+
+    def on_sigterm(signum, frame):
+        if not received:
+            received.append(signum)
+            signal.raise_signal(signal.SIGINT)  # Tune's own graceful stop
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return received
 
 
 def build_search(spec: StudySpec, resources: dict):

@@ -33,7 +33,10 @@ def test_a_study_with_a_diverging_trial_goes_on_and_exits_non_zero(tmp_path):
     assert "(cell lr=1e+30)" in failed and "at step" in failed, failed
     assert "cell lr=1e+30: no trial finished" in failed
     results = pd.read_csv(storage / "diverging" / "results.csv")
-    assert set(results["optim.lr"]) == {0.003}  # the healthy cell ran to the end
+    done = results[results.status == "TERMINATED"]
+    assert set(done["optim.lr"]) == {0.003} and done.length.notna().all()  # the healthy cell ran to the end
+    bad = results[results.status == "ERROR"]  # the failed trial is accounted for: one row, no test grid
+    assert len(bad) == 1 and bad["optim.lr"].iloc[0] == 1e30 and bad.length.isna().all()
 
     _, parents, children = mlflow_runs(storage / "mlflow.db", "diverging")
     assert parents[0].info.status == "FAILED"

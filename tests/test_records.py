@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -256,3 +257,136 @@ def test_a_report_interrupted_mid_write_is_refused(tmp_path):
     cut = subprocess.run(report, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert cut.returncode != 0 and "results.csv" in cut.stderr and "interrupted" in cut.stderr, cut.stderr[-3000:]
     assert "Traceback" not in cut.stderr
+
+
+def test_a_trial_process_killed_mid_trial_resumes_from_its_checkpoint(tmp_path):
+    """The trial's own process is SIGKILLed after its first checkpoint: Tune restarts it from that
+    checkpoint (resources.max_failures 1), and it ends with the metrics of an uninterrupted run."""
+    import psutil
+
+    spec = write_spec(tmp_path, **{"name": "killed", "search": "none", "grid": {"task.params.train_length": [8]},
+                                   "base/optim/steps": 160, "base/eval/every_steps": 20, "base/sparsity": None,
+                                   "resources/max_failures": 1})
+    ref = run(["--space", str(spec), "--storage", str(tmp_path / "ref")])
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+
+    storage = tmp_path / "studies"
+    db = storage / "mlflow.db"
+    proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    killed = None
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and killed is None:
+            time.sleep(0.2)
+            if not checkpoint_tagged(db):
+                continue
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if p.cmdline() and p.cmdline()[0].startswith("ray::ImplicitFunc"):
+                        p.kill()
+                        killed = p.pid
+                except psutil.Error:
+                    continue
+        assert killed, "no trial process was found to kill"
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    metrics = ["length", "k", "answer_acc", "exact_match", "val_exact", "val_loss", "acc_in_dist", "acc_beyond"]
+    resumed = pd.read_csv(storage / "killed" / "results.csv")[metrics]
+    uninterrupted = pd.read_csv(tmp_path / "ref" / "killed" / "results.csv")[metrics]
+    pd.testing.assert_frame_equal(resumed, uninterrupted)
+    _, _, children = mlflow_runs(db, "killed")
+    assert len(children) == 1 and children[0].info.status == "FINISHED"
+
+
+def checkpoint_tagged(db: Path) -> bool:
+    import sqlite3
+
+    try:
+        with sqlite3.connect(db) as con:
+            return bool(con.execute("select count(*) from tags where key = 'checkpoint'").fetchone()[0])
+    except sqlite3.Error:
+        return False
+
+
+def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{folder}/server.db", "--artifacts-destination",
+         str(folder / "server-artifacts"), "--workers", "1"],
+        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    for _ in range(120):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc
+        except OSError:
+            time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail("mlflow server did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def test_an_mlflow_server_down_mid_study_loses_nothing(tmp_path):
+    """The tracking server stops while trials run and comes back 20 s later: the study goes on, says
+    it could not record, records everything it held once the server answers, and ends with a
+    complete record. A server that never comes back: the results are still all in the folder, and
+    the study says what MLflow lacks (exit 1)."""
+    from test_study import free_port
+
+    port = free_port()
+    server = start_mlflow_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    spec = write_spec(tmp_path, **{"name": "outage", "grid": {"task.params.train_length": [8]},
+                                   "base/optim/steps": 200, "base/eval/every_steps": 20, "base/sparsity": None,
+                                   "resources/max_concurrent_trials": 1})
+    storage = tmp_path / "studies"
+    proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage), "--mlflow-uri", uri],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert wait_for_metrics(tmp_path / "server.db", proc), "no trial reported"
+        stop(server)
+        time.sleep(20)
+        server = start_mlflow_server(tmp_path, port)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        stop(server)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert "cannot record" in err and "recording again" in out, out[-2000:] + err[-2000:]
+    results = pd.read_csv(storage / "outage" / "results.csv")
+    assert results.trial_id.nunique() == 2
+    _, parents, children = mlflow_runs(tmp_path / "server.db", "outage")
+    assert [p.info.status for p in parents] == ["FINISHED"] and len(children) == 2
+    for child in children:
+        assert child.info.status == "FINISHED" and "acc_beyond" in child.data.metrics
+        client = mlflow_runs(tmp_path / "server.db", "outage")[0]
+        steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, "val_loss"))
+        assert steps == list(range(20, 201, 20)), steps  # every report, those held during the outage too
+
+    # never back: the study's results are complete, and it says what MLflow lacks
+    server = start_mlflow_server(tmp_path, port)
+    proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(tmp_path / "second"),
+                             "--mlflow-uri", uri], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert wait_for_metrics(tmp_path / "server.db", proc, more_than=count_metrics(tmp_path / "server.db"))
+        stop(server)
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    assert "not recorded" in err and "results are complete" in err and "Traceback" not in err, err[-3000:]
+    assert pd.read_csv(tmp_path / "second" / "outage" / "results.csv").trial_id.nunique() == 2
