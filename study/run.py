@@ -260,6 +260,13 @@ def main(argv=None) -> int:
     except StudyLocked as e:  # before anything of the study was touched
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:  # a full disk surfaces anywhere (Tune, DeepSpeed, MLflow): say so, not how
+        full = store.disk_full(study_dir, e)
+        if not full:
+            raise
+        print(f"error: --storage: {full}. Study {spec.name!r} stopped; what other studies recorded there is "
+              "untouched. Free space, then continue it with --resume", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:  # the study's MLflow run is KILLED and nothing was reported
         from study.tuning import Terminated
 

@@ -198,3 +198,29 @@ def read_bytes(path: str) -> bytes | None:
         if fs.get_file_info(inner).type == pafs.FileType.NotFound:
             return None
         raise StorageError(f"{path}: {e}") from None
+
+
+FULL_BELOW_BYTES = 8 << 20  # a folder's disk with less free space than this counts as full
+
+
+def disk_full(path: str, error: BaseException | None = None) -> str | None:
+    """Why the disk under a local `path` is full (out of space: ENOSPC somewhere in `error`'s chain,
+    or under FULL_BELOW_BYTES free), or None; always None for a bucket."""
+    import errno
+    import shutil
+
+    if is_uri(path):
+        return None
+    seen, e = set(), error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            break
+        e = e.__cause__ or e.__context__
+    folder = os.path.abspath(path)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    free = shutil.disk_usage(folder).free
+    if e is not None or free < FULL_BELOW_BYTES:
+        return f"the disk under {path} is full ({free / 2**20:.1f} MiB free)"
+    return None

@@ -390,3 +390,32 @@ def test_an_mlflow_server_down_mid_study_loses_nothing(tmp_path):
     assert proc.returncode == 1, out[-3000:] + err[-3000:]
     assert "not recorded" in err and "results are complete" in err and "Traceback" not in err, err[-3000:]
     assert pd.read_csv(tmp_path / "second" / "outage" / "results.csv").trial_id.nunique() == 2
+
+
+def test_a_full_disk_is_a_clear_error_and_earlier_results_stay_intact(tmp_path):
+    """The study folder's disk (a 24 MiB tmpfs) fills up during a second study: it ends naming
+    --storage and the full disk, and the first study's files and MLflow runs are as they were."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    try:
+        small = {"grid": {"task.params.train_length": [8]}, "base/sparsity": None}
+        first = write_spec(tmp_path, name="first", **small)
+        storage = disk / "studies"
+        out = run(["--space", str(first), "--storage", str(storage)])
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        files = {p.name: p.read_bytes() for p in (storage / "first").iterdir() if p.is_file()}
+        before = record_of(storage / "mlflow.db", "first")
+        big = write_spec(tmp_path, name="second", **small, **{"base/model": {"d_model": 256, "n_layers": 4, "n_heads": 4},
+                                                               "base/optim/steps": 200})
+        out = run(["--space", str(big), "--storage", str(storage)], timeout=900)
+        assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: --storage:") and "is full" in last and "--resume" in last, last
+        assert {p.name: p.read_bytes() for p in (storage / "first").iterdir() if p.is_file()} == files
+        assert record_of(storage / "mlflow.db", "first") == before
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
