@@ -54,6 +54,17 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("ids=random_shift", at_most=0.5),
         Claim("ids=pose", at_most=0.5),
     ],
+    # issue 19: with full attention (no id_window) none of the reference's cheap differences makes
+    # coupled addition extrapolate at laptop scale; a cell that starts to is news for the README
+    "coupling_full_attention": [
+        Claim("id_window=1", at_least=0.95),
+        Claim("max_position=64,bos=", at_most=0.5),
+        Claim("init_std=1.0", at_most=0.5),
+    ],
+    "coupling_full_attention_parity": [
+        Claim("id_window=1", at_least=0.95),
+        Claim("max_position=33,embed_init_std=0.02", at_most=0.5),  # the usual trained table
+    ],
     "coupling_variable_assignment": [
         Claim("scratchpad=True,encoding=learned,ids=predicted", at_least=0.9),
         # "clearly below" PPC: absolute ids with a scratchpad fit in distribution on some seeds

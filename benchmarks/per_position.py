@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng([cfg.seed, 31337])
     train = task.sample(4096, rng)
     train_ids = training_ids(pos.ids, train.position_ids, train.seq_len, pos.max_position, rng,
-                             pos.shift, pos.pose_chunks)
+                             pos.shift, pos.pose_chunks, task.fixed_prefix)
     trained_span = int(id_span(train_ids, train.seq_len).max())
     print(f"{cfg.task.name} {pos.label} id_window={pos.id_window} heads={pos.id_window_heads}: "
           f"largest id distance in training {trained_span}")

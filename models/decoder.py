@@ -48,6 +48,7 @@ class ModelConfig:
     # implementation of position coupling initialises its embeddings N(0, 1))
     pos_init_std: float = 0.02
     tok_init_std: float = 0.02
+    pos_frozen: bool = False  # the position-embedding table stays at its random init (not trained)
     norm: Literal["layer", "rms"] = "layer"
     # attention logits q.k / sqrt(head dim) (the usual) or q.k unscaled (T5, the reference's model)
     attn_scale: Literal["sqrt", "none"] = "sqrt"
@@ -168,6 +169,8 @@ class DecoderLM(nn.Module):
                 self.tok_emb.weight.mul_(cfg.tok_init_std / 0.02)
             if self.pos_emb is not None and cfg.pos_init_std != 0.02:
                 self.pos_emb.weight.mul_(cfg.pos_init_std / 0.02)
+        if self.pos_emb is not None and cfg.pos_frozen:
+            self.pos_emb.weight.requires_grad_(False)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:

@@ -70,6 +70,7 @@ class PositionalSpec(Strict):
         None, ge=1, description="how many heads are id-local (default: all); the rest see every key")
     init_std: float = Field(
         0.02, gt=0, le=100, description="learned encoding: initial std of the position-embedding table")
+    frozen: bool = Field(False, description="learned encoding: keep the table at its random init")
 
     @property
     def label(self) -> str:
@@ -211,6 +212,7 @@ class TrialConfig(Strict):
                 id_window=p.id_window,
                 id_window_heads=p.id_window_heads,
                 pos_init_std=p.init_std,
+                pos_frozen=p.frozen,
                 tok_init_std=m.embed_init_std,
                 norm=m.norm,
                 attn_scale=m.attn_scale,

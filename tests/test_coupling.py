@@ -83,6 +83,20 @@ def test_addition_with_coupling_generalizes_to_twice_the_train_length():
     assert exact_at(absolute, 8, "sequential") <= 0.5
 
 
+def test_full_attention_coupling_fits_but_does_not_extrapolate_at_ci_size():
+    """Issue 19's measured negative, pinned: without id_window, coupled addition with the reference's
+    <bos> at a fixed id 0 and independently drawn operand lengths fits its train lengths and fails
+    at 2x (README "Coupling, measured": 0.00 at 2x and 3x at laptop scale for every such cell). If a
+    change makes it extrapolate, that is news: update the README's table and this bound."""
+    addition = {"name": "addition", "params": {"train_length": 4, "min_length": 1, "bos": True,
+                                                "operands": "independent"}}
+    out = train_loop_per_worker(trial(
+        addition, {"encoding": "learned", "ids": "coupled", "max_position": 24}, [4, 8], steps=2000,
+        seed=11, n_layers=1))
+    assert exact_at(out, 4, "coupled") >= 0.9
+    assert exact_at(out, 8, "coupled") <= 0.5
+
+
 def test_ppc_on_parity_predicts_its_own_ids_beyond_the_train_length():
     """PPC: at 2x the train length the model's own predicted ids are the coupled ones, and the
     scratchpad is right with them."""
