@@ -38,6 +38,8 @@ TRIAL_TAG = "tune.trial_id"
 # what an unreachable or failing tracking store raises (a server down: requests' errors are OSErrors)
 RECORDING_ERRORS = (MlflowException, OSError)
 RETRY_S = 10.0  # while MLflow cannot be reached, events wait this long before the next try
+# at the end of a study, how long the tracker keeps trying to record what it holds
+FLUSH_WAIT_S = float(os.environ.get("STUDY_MLFLOW_WAIT_S", "60"))
 
 
 def deferrable(hook):
@@ -176,7 +178,7 @@ class StudyTracker(Callback):
                   "held meanwhile is recorded", flush=True)
             self.down_since = None
 
-    def flush(self, wait_s: float = 60.0) -> None:
+    def flush(self, wait_s: float = FLUSH_WAIT_S) -> None:
         """Record the whole backlog, trying for up to `wait_s`; raise the store's error if it is still
         down, and say what was not recorded."""
         deadline = time.time() + wait_s
