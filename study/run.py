@@ -23,6 +23,11 @@ if str(ROOT) not in sys.path:  # `python study/run.py` from a checkout that is n
 
 from study.spec import StudySpec, load_spec  # noqa: E402
 
+# DeepSpeed JIT-builds its CPU op with the `ninja` on PATH; the venv's (pip's) one first, for the
+# driver and every Ray worker it starts: a second ninja version on the machine takes the first one's
+# build log as stale and rebuilds the op (minutes, holding a lock trials wait on)
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM, stopped the same way

@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 
 BIN = Path(sys.executable).parent
+# One ninja for every DeepSpeed op build: the tests' subprocesses put the venv's bin first on PATH,
+# and in-process builds must find the same ninja. Two ninja versions (here: the venv's 1.13 and
+# Debian's 1.11) each take the other's build log as stale, so every switch rebuilt the op (1-2 min
+# holding its lock), and a process killed mid-build left the lock for the next trial to hang on.
+os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def _free_port() -> int:
