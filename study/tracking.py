@@ -146,6 +146,7 @@ class StudyTracker(Callback):
         self.backlog: collections.deque = collections.deque()  # hooks MLflow has not taken yet
         self.retry_at = 0.0
         self.down_since: float | None = None
+        self.last_error = ""  # what MLflow last answered instead of taking an event
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment; the client is rebuilt
         return {k: v for k, v in self.__dict__.items() if k not in ("client", "backlog")}
@@ -166,6 +167,7 @@ class StudyTracker(Callback):
             try:
                 hook(self, *args, **kwargs)
             except RECORDING_ERRORS as e:
+                self.last_error = _first_line(e)  # a refusal (not an outage) is held too: say which
                 self.retry_at = time.time() + RETRY_S
                 if self.down_since is None:
                     self.down_since = time.time()
@@ -191,7 +193,8 @@ class StudyTracker(Callback):
             time.sleep(min(RETRY_S, max(0.0, deadline - time.time())))
         held = collections.Counter(hook.__name__ for hook, _, _ in self.backlog)
         trials = sorted({a.trial_id for _, args, kw in self.backlog for a in [*args, *kw.values()] if hasattr(a, "trial_id")})
-        raise MlflowException(f"{self.tracking_uri} did not answer: {len(self.backlog)} event(s) not recorded "
+        raise MlflowException(f"{self.tracking_uri} did not take {len(self.backlog)} event(s) (last error: "
+                              f"{self.last_error}): not recorded "
                               f"({', '.join(f'{n} x{c}' for n, c in held.items())}; trials {', '.join(trials) or '-'})")
 
     # --- child runs -----------------------------------------------------------------------
