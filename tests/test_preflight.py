@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from test_study import ENV, NOT_BINDABLE, ROOT, RUN, is_loopback, listening, write_spec
+from test_study import ENV, NOT_BINDABLE, ROOT, RUN, is_loopback, sample_listeners, write_spec
 
 
 # --- local means loopback ---------------------------------------------------------------------------
@@ -28,15 +28,11 @@ def test_ray_address_local_is_the_loopback_embedded_ray_and_a_file_uri_a_folder(
     spec = write_spec(tmp_path, **{"name": "local_spelling", "search/trials_per_cell": 1, "base/optim/steps": 40})
     storage = tmp_path / "new" / "dir"
     env = {**ENV, "RAY_ADDRESS": " Local "}
-    seen = set()
     with (tmp_path / "out").open("w+") as log:
         proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", f"file://{storage}"], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            deadline = time.time() + 600
-            while proc.poll() is None and time.time() < deadline:
-                seen |= listening(proc.pid)
-                time.sleep(0.3)
+            seen = sample_listeners(proc, timeout=600)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -62,11 +62,14 @@ def is_loopback(ip: str) -> bool:
     return addr.is_loopback or bool(getattr(addr, "ipv4_mapped", None) and addr.ipv4_mapped.is_loopback)
 
 
-def listening(pid: int) -> set[tuple[str, str, int]]:
+def listening(pid: int, titles: dict[int, set[str]] | None = None) -> set[tuple[str, str, int]]:
     """(process, ip, port) of every listening TCP socket of a process and all its descendants (Ray's
-    daemons and workers descend from the driver that started them)."""
+    daemons and workers descend from the driver that started them). A Ray worker retitles itself after
+    each task it runs, so `titles` (pid -> every title seen) gives each socket the titles its process
+    has had, not the one it had at this sample."""
     import psutil
 
+    titles = {} if titles is None else titles
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -75,9 +78,10 @@ def listening(pid: int) -> set[tuple[str, str, int]]:
     found = set()
     for p in procs:
         try:
-            label = " ".join([p.name(), *p.cmdline()[:3]])
-            found |= {(label, c.laddr.ip, c.laddr.port) for c in p.net_connections("inet")
-                      if c.status == psutil.CONN_LISTEN}
+            names = titles.setdefault(p.pid, set())
+            names.add(" ".join([p.name(), *p.cmdline()[:3]]))
+            sockets = [c for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+            found |= {(" | ".join(sorted(names)), c.laddr.ip, c.laddr.port) for c in sockets}
         except psutil.Error:  # exited meanwhile
             continue
     return found
@@ -85,9 +89,9 @@ def listening(pid: int) -> set[tuple[str, str, int]]:
 
 def sample_listeners(proc: subprocess.Popen, timeout: float) -> set[tuple[str, str, int]]:
     """Everything the process tree of `proc` listens on, sampled until it exits."""
-    seen, deadline = set(), time.time() + timeout
+    seen, titles, deadline = set(), {}, time.time() + timeout
     while proc.poll() is None and time.time() < deadline:
-        seen |= listening(proc.pid)
+        seen |= listening(proc.pid, titles)
         time.sleep(0.3)
     return seen
 
@@ -358,7 +362,7 @@ def test_two_worker_zero2_trial(tmp_path):
     workers = {(ip, port) for label, ip, port in seen if "RayTrainWorker" in label}
     assert workers and any(is_loopback(ip) for ip, _ in workers), "sampled while the workers trained"
     exposed = {(label, ip, port) for label, ip, port in seen if not is_loopback(ip)}
-    # one listener (a worker's title names the task it runs when sampled, so it may show twice)
+    # one listener (labelled by every title its process had: a worker retitles itself per task)
     assert len({(ip, port) for _, ip, port in exposed}) == 1, exposed
     assert all(any(owner in label for owner in NOT_BINDABLE) and ip in ("::", "0.0.0.0")
                for label, ip, _ in exposed), exposed
@@ -503,8 +507,6 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
 NOT_BINDABLE = {
     "RayTrainWorker": "rank 0's torch TCPStore of an N-worker Ray Train trial: the store listens on every "
                       "interface whatever MASTER_ADDR is, and TorchConfig offers only env:// and tcp://",
-    # the same worker process while it runs Ray Train's setup task: Ray titles it after the task
-    "_setup_torch_process_group": "the RayTrainWorker above, sampled during its process-group setup",
 }
 
 
