@@ -3,6 +3,7 @@
     python -m benchmarks.coupling                                   # the three coupling_* specs
     python -m benchmarks.coupling search_spaces/coupling_parity.yaml --seeds 7 8 9 --lengths 30 50
     python -m benchmarks.coupling --json results.json               # keep the table for later runs
+    python -m benchmarks.coupling --markdown                        # the README's tables
 
 Every cell of each study spec is trained once per seed (in-process, DeepSpeed on one rank, no Ray:
 the same training loop a study runs), evaluated at the spec's test lengths or `--lengths`, and the
@@ -23,22 +24,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SPECS = ["coupling_addition", "coupling_parity", "coupling_variable_assignment"]
+SPECS = ["coupling_addition", "coupling_parity", "coupling_parity_scratchpad", "coupling_variable_assignment"]
 
 
 @dataclass(frozen=True)
 class Claim:
     """At every test length >= 2x the train length, the mean exact match (over seeds and ks) of each
-    cell whose label contains `cell` is at least `at_least` (or at most `at_most`)."""
+    cell whose label contains `cell` is at least `at_least` (or at most `at_most`), and, with
+    `above`, higher than that of the cell whose label contains `above` at the same length."""
 
     cell: str
     at_least: float | None = None
     at_most: float | None = None
+    above: str | None = None
 
     def holds(self, value: float) -> bool:
         return (self.at_least is None or value >= self.at_least) and (self.at_most is None or value <= self.at_most)
 
     def bound(self) -> str:
+        if self.above is not None:
+            return f"> the {self.above!r} cell"
         return f">= {self.at_least}" if self.at_least is not None else f"<= {self.at_most}"
 
 
@@ -64,6 +69,11 @@ CLAIMS: dict[str, list[Claim]] = {
     "coupling_full_attention_parity": [
         Claim("id_window=1", at_least=0.95),
         Claim("max_position=33,embed_init_std=0.02", at_most=0.5),  # the usual trained table
+    ],
+    # T2: the pointer head makes PPC's search length-free (issue 19), above absolute ids
+    "coupling_parity_scratchpad": [
+        Claim("position_target=pointer,", at_least=0.9),  # the trailing comma: not pointer_softmax
+        Claim("position_target=pointer,", above="ids=random_shift"),
     ],
     "coupling_variable_assignment": [
         Claim("scratchpad=True,encoding=learned,ids=predicted", at_least=0.9),
@@ -94,8 +104,9 @@ def _run_trial(job: dict) -> dict:
     own = generation_modes(job["trial"]["positional"]["ids"])[0]
     rows = [
         {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"], "length": r["length"],
-         "k": r["k"], "exact_match": r["exact_match"], "id_match": r.get("id_match")}
-        for r in out["records"] if r["ids"] == own
+         "k": r["k"], "ids": r["ids"], "own_ids": r["ids"] == own, "exact_match": r["exact_match"],
+         "id_match": r.get("id_match")}
+        for r in out["records"]
     ]
     return {"rows": rows, "val_exact": out["metrics"]["val_exact"], "seconds": time.time() - start}
 
@@ -128,18 +139,46 @@ def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None) -> tu
 def check_claims(table, name: str, train_length: int) -> list[str]:
     """Each claim, for each cell it names, at each length >= 2x train (mean over seeds and ks)."""
     failures = []
-    far = table[(table.spec == name) & (table.length >= 2 * train_length)]
+    far = table[(table.spec == name) & (table.length >= 2 * train_length) & table.own_ids]
     for claim in CLAIMS.get(name, []):
-        rows = far[far.cell.str.contains(claim.cell, regex=False)]
+        rows = far[(far.cell + ",").str.contains(claim.cell, regex=False)]  # "x=a," matches a, not ab
         if rows.empty:
             failures.append(f"{name}: no cell matches {claim.cell!r}")
             continue
+        means = far.groupby(["cell", "length"]).exact_match.mean()
         for (cell, length), value in rows.groupby(["cell", "length"]).exact_match.mean().items():
-            ok = claim.holds(value)
-            print(f"  [{'ok' if ok else 'FAIL'}] {cell}: exact {claim.bound()} at length {length}: {value:.3f}")
+            if claim.above is None:
+                ok, what = claim.holds(value), f"exact {claim.bound()} at length {length}: {value:.3f}"
+            else:
+                other = [v for (c, n), v in means.items() if n == length and claim.above in c + ","]
+                ok = len(other) == 1 and value > other[0]
+                what = f"exact {value:.3f} {claim.bound()} ({other}) at length {length}"
+            print(f"  [{'ok' if ok else 'FAIL'}] {cell}: {what}")
             if not ok:
-                failures.append(f"{name}: {cell}: exact {claim.bound()} at length {length}: {value:.3f}")
+                failures.append(f"{name}: {cell}: {what}")
     return failures
+
+
+def markdown(part, train_length: int) -> str:
+    """One spec's table as the README prints it: a row per cell and id mode (PPC: its own ids, then
+    the same models fed the oracle's), a column per test length; mean [min-max] over the seeds, the
+    ks of a cell joined with " / "."""
+    lengths = sorted(part.length.unique())
+
+    def entry(group) -> str:
+        cells = []
+        for _, g in group.groupby("k", dropna=False):
+            m = g.exact_match
+            cells.append(f"{m.mean():.2f} [{m.min():.2f}-{m.max():.2f}]" if len(m) > 1 else f"{m.mean():.2f}")
+        return " / ".join(cells)
+
+    head = [f"{n} ({n / train_length:g}x)" if n > train_length else f"{n} (in dist.)" for n in lengths]
+    lines = ["| cell | ids | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(lengths)]
+    for (cell, own, ids), group in part.groupby(["cell", "own_ids", "ids"], sort=False):
+        label = ids + (" (own)" if own and ids == "predicted" else " (oracle)" if ids == "coupled" and not own else "")
+        values = [entry(group[group.length == n]) for n in lengths]
+        lines.append(f"| `{cell}` | {label} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: each spec's)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
     parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--markdown", action="store_true", help="print each spec's table for the README")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
 
@@ -183,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     for path, _, train_length in plans:
         name = path.stem
         part = table[table.spec == name]
+        if args.markdown:
+            ks = sorted(int(k) for k in part.k.dropna().unique())
+            print(f"\n{name}: exact match, mean [min-max] over seeds {args.seeds}"
+                  + (f", k = {' / '.join(map(str, ks))}" if ks else "") + "\n")
+            print(markdown(part, train_length))
+        part = part[part.own_ids]
         summary = part.groupby(["cell", "k", "length"], dropna=False).exact_match.agg(["mean", "min", "max"])
         print(f"\n{name} (train length {train_length}): exact match over seeds {args.seeds}")
         print(summary.unstack("length").round(3).to_string())

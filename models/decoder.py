@@ -9,8 +9,13 @@ decided outside (models/positions.py), so every scheme of the study is encoding 
 - alibi:   a per-head linear penalty -slope * |id_q - id_k| on attention logits (ids, not indices,
            so coupled ids work; the absolute value because coupled ids need not be monotone).
 
-Predictive Position Coupling (PPC) adds a position head that predicts the id of the *next* token,
-either as an absolute id (classes 0..max_position-1) or as a delta from the current id.
+Predictive Position Coupling (PPC) adds a position head that predicts the id of the *next* token:
+- absolute: a class per id (0..max_position-1);
+- delta:    a class per offset from the current id;
+- pointer:  a pointer over the context: the next id is the id of the token the head points at, or
+            the current id + 1 (one extra choice). Its scores are content scores plus a learned
+            bias that is linear in the id distance on each side, so the search "the nearest token
+            of this kind after my id" is scored the same way at every length (PointerHead).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 Encoding = Literal["nope", "learned", "rope", "alibi"]
-PositionTarget = Literal["absolute", "delta"]
+PositionTarget = Literal["absolute", "delta", "pointer", "pointer_softmax"]
 
 
 @dataclass
@@ -55,10 +60,12 @@ class ModelConfig:
 
     @property
     def n_position_classes(self) -> int:
+        """Classes of the absolute/delta position head (the pointer head has none: it scores keys)."""
         return self.max_position if self.position_target == "absolute" else 2 * self.max_position - 1
 
 
 # A per-layer cache of (keys, values, key position ids); keys are stored already rotated for rope.
+# With a pointer head one more entry follows the layers': (pointer keys, unused, key ids).
 KVCache = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
@@ -150,6 +157,70 @@ class Block(nn.Module):
         return x, new_cache
 
 
+class PointerHead(nn.Module):
+    """PPC's pointer head: which earlier token carries the next token's id (or: the current id + 1).
+
+    Returns scores [B, Tq, Tk + 1] over the keys and, last, "current id + 1"; masked keys are -inf.
+    Two ways to read them (DecoderLM.position_loss / decode_position):
+
+    - scan (`position_target: pointer`, stick-breaking): the scan visits "+1", then the keys ahead
+      of the query's id nearest first, then the others nearest first. A key fires with probability
+      sigmoid(score); the pointer stops at the first that fires (p_j = s_j * prod over earlier
+      (1 - s_i)), and decoding takes the first key whose score is > 0. "The nearest marked bit after
+      mine" is then found however many unmarked keys lie between: length-free by construction.
+    - softmax (`position_target: pointer_softmax`): softmax of q.k + bias(id_k - id_q), the bias
+      offset - softplus(slope) * |d|, one (offset, slope) ahead and one behind. Monotone in the
+      distance on each side, but "nearest of a kind" then needs the content margin of the right
+      kind to beat slope x gap, which fails at gaps far beyond the trained ones (README, T2).
+    """
+
+    def __init__(self, d_model: int, scan: bool):
+        super().__init__()
+        self.scan = scan
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.next = nn.Linear(d_model, 1)  # the score of "current id + 1"
+        if not scan:
+            self.slope = nn.Parameter(torch.full((2,), -2.0))  # softplus(-2) = 0.13 per id
+            self.offset = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x, query_ids, key_ids, keys_cached, allowed):
+        """x [B, Tq, C]; returns scores [B, Tq, Tk + 1] and the keys to cache [B, Tk, C]."""
+        keys = self.k(x) if keys_cached is None else torch.cat([keys_cached, self.k(x)], dim=1)
+        q = self.q(x)
+        scores = (q @ keys.transpose(1, 2) / math.sqrt(q.shape[-1])).float()
+        if not self.scan:
+            d = key_ids[:, None, :] - query_ids[:, :, None]  # [B, Tq, Tk]
+            slope, offset = F.softplus(self.slope).float(), self.offset.float()
+            scores = scores + torch.where(d > 0, offset[0] - slope[0] * d, offset[1] + slope[1] * d)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        return torch.cat([scores, self.next(x).float()], dim=-1), keys
+
+
+def scan_rank(dist: torch.Tensor) -> torch.Tensor:
+    """The scan's order [..., Tk + 1] from dist [..., Tk] = id_k - id_q: "+1" (0), then keys ahead by
+    distance, then the rest by distance; equal ranks go by key index (stable sort, argmin)."""
+    rank = torch.where(dist > 0, dist, (1 << 40) - dist)
+    return torch.cat([rank, torch.zeros_like(rank[..., :1])], dim=-1)
+
+
+def scan_log_probs(scores: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
+    """Stick-breaking over the scan: log p_j = log sigmoid(s_j) + sum over earlier keys of
+    log sigmoid(-s_i). scores [..., Tk + 1] (the last is "+1"), dist [..., Tk]."""
+    order = scan_rank(dist).argsort(dim=-1, stable=True)
+    s = scores.gather(-1, order)
+    passed = F.logsigmoid(-s).cumsum(-1) - F.logsigmoid(-s)  # log prod over the earlier ones
+    return torch.empty_like(s).scatter(-1, order, F.logsigmoid(s) + passed)
+
+
+def scan_first_firing(scores: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
+    """Greedy decoding of the scan: the first key (in scan order) whose score is > 0, each pass or
+    fire decision taken at its most likely; the stick-breaking argmax where none fires."""
+    rank = scan_rank(dist)
+    first = torch.where(scores > 0, rank, torch.iinfo(rank.dtype).max).argmin(-1)
+    return torch.where((scores > 0).any(-1), first, scan_log_probs(scores, dist).argmax(-1))
+
+
 class DecoderLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -160,7 +231,11 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.pos_head = nn.Linear(cfg.d_model, cfg.n_position_classes) if cfg.position_head else None
+        self.pos_head: nn.Module | None = None
+        if cfg.position_head:
+            self.pos_head = (PointerHead(cfg.d_model, scan=cfg.position_target == "pointer")
+                             if cfg.position_target in ("pointer", "pointer_softmax")
+                             else nn.Linear(cfg.d_model, cfg.n_position_classes))
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
         self.apply(self._init_weights)
         # rescaled after the common N(0, 0.02) draw: the same random stream for every setting
@@ -186,7 +261,10 @@ class DecoderLM(nn.Module):
         visible: torch.Tensor | None = None,
         cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
-        """Logits [B, T, V], position logits [B, T, P] (PPC only) and the updated KV cache.
+        """Logits [B, T, V], position logits (PPC only) and the updated KV cache.
+
+        Position logits are [B, T, P] over ids or offsets, or for the pointer head scores [B, T, Tk + 1]
+        over the keys (cached ones first) and "current id + 1".
 
         visible: optional bool [B, Tq, Tk] (True = may attend), combined with causal masking; Tk
         counts cached keys too. It lets an analysis hide chosen context tokens from chosen queries.
@@ -215,7 +293,16 @@ class DecoderLM(nn.Module):
             x, layer_cache = block(x, rope, key_ids, bias, causal, None if cache is None else cache[i])
             new_cache.append(layer_cache)
         x = self.ln_f(x)
-        pos_logits = self.pos_head(x) if self.pos_head is not None else None
+        pos_logits = None
+        if isinstance(self.pos_head, PointerHead):
+            allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)[None]
+            if visible is not None:
+                allowed = allowed & visible
+            cached = None if cache is None else cache[len(self.blocks)][0]
+            pos_logits, keys = self.pos_head(x, position_ids, key_ids, cached, allowed)
+            new_cache.append((keys, keys[..., :0], key_ids))
+        elif self.pos_head is not None:
+            pos_logits = self.pos_head(x)
         return self.lm_head(x), pos_logits, new_cache
 
     def _id_bias(self, position_ids, key_ids, mask, dtype) -> torch.Tensor | None:
@@ -249,13 +336,46 @@ class DecoderLM(nn.Module):
 
     # --- Predictive Position Coupling: targets and decoding of the position head -------------
     def position_class(self, current_ids: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-        """The class the position head at a token should predict, given the next token's id."""
+        """The class the absolute/delta head at a token should predict, given the next token's id."""
         if self.cfg.position_target == "absolute":
             return next_ids
         return next_ids - current_ids + self.cfg.max_position - 1
 
-    def decode_position(self, pos_logits: torch.Tensor, current_ids: torch.Tensor) -> torch.Tensor:
-        """The next token's id from the head's argmax (inverse of position_class)."""
+    def position_loss(self, pos_logits: torch.Tensor, ids: torch.Tensor, next_ids: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the position head over the masked tokens (ids [B, T]: this forward's ids,
+        no cache). The pointer head is right when it points at *any* key carrying the next id (or
+        at "+1" when the next id is the current + 1): -log of the summed probability of those.
+        A token whose next id nothing in its context carries is left out of the pointer's loss."""
+        if not self.cfg.position_target.startswith("pointer"):
+            return F.cross_entropy(pos_logits[mask].float(), self.position_class(ids, next_ids)[mask])
+        T = ids.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()[None]
+        match = torch.cat([(ids[:, None, :] == next_ids[:, :, None]) & causal,
+                           (next_ids == ids + 1)[:, :, None]], dim=-1)  # [B, T, T + 1]
+        if self.cfg.position_target == "pointer":
+            log_p = scan_log_probs(pos_logits.float(), ids[:, None, :] - ids[:, :, None])
+        else:
+            log_p = pos_logits.float().log_softmax(-1)
+        # a finite floor, not -inf: a row with no match must give a zero, not a NaN, gradient
+        right = log_p.masked_fill(~match, -1e9).logsumexp(-1)
+        keep = mask & match.any(-1)
+        return -right[keep].mean()
+
+    def decode_position(self, pos_logits: torch.Tensor, current_ids: torch.Tensor,
+                        key_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The next token's id from the head's argmax (for the pointer head: the id of the key it
+        points at, or current + 1; key_ids [B, Tk] are the ids of its keys)."""
+        if self.cfg.position_target.startswith("pointer"):
+            assert key_ids is not None, "the pointer head decodes with its keys' ids"
+            Tk = key_ids.shape[1]
+            keys = key_ids if pos_logits.dim() == 2 else key_ids[:, None, :].expand(*pos_logits.shape[:-1], Tk)
+            if self.cfg.position_target == "pointer":
+                cls = scan_first_firing(pos_logits, keys - current_ids[..., None])
+            else:
+                cls = pos_logits.argmax(-1)
+            pointed = torch.gather(keys, -1, cls.clamp(max=Tk - 1)[..., None])[..., 0]
+            return torch.where(cls == Tk, current_ids + 1, pointed).clamp(0, self.cfg.max_position - 1)
         cls = pos_logits.argmax(-1)
         if self.cfg.position_target == "absolute":
             return cls
@@ -287,6 +407,7 @@ def generate(
         raise ValueError("ids='predicted' needs a model with a position head")
     tokens, pos = prompt, prompt_ids
     logits, pos_logits, cache = model(tokens, pos)
+    key_ids = prompt_ids  # the ids of every token so far (the pointer head's keys)
     out_tokens, out_ids = [], []
     for step in range(max_new_tokens):
         next_tok = logits[:, -1].argmax(-1)
@@ -295,11 +416,12 @@ def generate(
         elif ids == "coupled":
             next_id = oracle_ids[:, step]
         else:
-            next_id = model.decode_position(pos_logits[:, -1], pos[:, -1])
+            next_id = model.decode_position(pos_logits[:, -1], pos[:, -1], key_ids)
         if model.pos_emb is not None:
             next_id = next_id.clamp(max=model.cfg.max_position - 1)
         out_tokens.append(next_tok)
         out_ids.append(next_id)
+        key_ids = torch.cat([key_ids, next_id[:, None]], dim=1)
         if step == max_new_tokens - 1:
             break
         if use_cache:

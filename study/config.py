@@ -63,7 +63,10 @@ class PositionalSpec(Strict):
     shift: bool = Field(True, description="random offset of coupled/predicted ids in training")
     pose_chunks: int = Field(2, ge=1)
     position_loss_weight: float = Field(1.0, ge=0, description="PPC: weight of the position head loss")
-    position_target: Literal["absolute", "delta"] = "absolute"
+    position_target: Literal["absolute", "delta", "pointer", "pointer_softmax"] = Field(
+        "absolute", description="PPC: the head predicts the next id as a class (absolute), an offset "
+        "(delta), or by pointing at the earlier token that carries it: nearest first (pointer; "
+        "length-free) or a softmax with a distance bias (pointer_softmax)")
     id_window: int | None = Field(
         None, ge=0, description="attention locality: heads see only keys with |id_q - id_k| <= id_window")
     id_window_heads: int | None = Field(
@@ -71,6 +74,13 @@ class PositionalSpec(Strict):
     init_std: float = Field(
         0.02, gt=0, le=100, description="learned encoding: initial std of the position-embedding table")
     frozen: bool = Field(False, description="learned encoding: keep the table at its random init")
+
+    @model_validator(mode="after")
+    def _head_options_need_a_head(self) -> "PositionalSpec":
+        if self.position_target != "absolute" and self.ids != "predicted":
+            raise ValueError(f"position_target: {self.position_target!r} shapes PPC's position head, which only "
+                             f"ids: predicted has (ids is {self.ids!r})")
+        return self
 
     @property
     def label(self) -> str:
@@ -234,8 +244,9 @@ class TrialConfig(Strict):
         rows = 2 * len(self.task_obj.vocab)  # token embedding and LM head
         if p.encoding == "learned":
             rows += p.max_position
-        if p.ids == "predicted":  # the position head's classes
-            rows += p.max_position if p.position_target == "absolute" else 2 * p.max_position - 1
+        if p.ids == "predicted":  # the position head's classes (the pointer's q and k: 2d rows)
+            rows += {"absolute": p.max_position, "delta": 2 * p.max_position - 1, "pointer": 2 * d,
+                     "pointer_softmax": 2 * d}[p.position_target]
         return rows * d + m.n_layers * (4 * d * d + 2 * d * ff)
 
     def ids_needed(self, length: int, k: int | None) -> int:

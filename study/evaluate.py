@@ -56,8 +56,7 @@ def next_token_loss(
     parts = {"lm_loss": lm_loss.item()}
     loss = lm_loss
     if pos_logits is not None:
-        target = module.position_class(x.ids[:, :-1], x.ids[:, 1:])
-        pos_loss = F.cross_entropy(pos_logits[mask].float(), target[mask])
+        pos_loss = module.position_loss(pos_logits, x.ids[:, :-1], x.ids[:, 1:], mask)
         loss = loss + position_loss_weight * pos_loss
         parts["pos_loss"] = pos_loss.item()
     parts["loss"] = loss.item()
@@ -85,7 +84,7 @@ def validate(
         mask, ans = x.loss_mask[:, 1:], x.answer_mask[:, 1:]
         right = logits.argmax(-1) == x.tokens[:, 1:]
         if pos_logits is not None:  # PPC: the id it would feed back must be right too
-            right_ids = module.decode_position(pos_logits, x.ids[:, :-1]) == x.ids[:, 1:]
+            right_ids = module.decode_position(pos_logits, x.ids[:, :-1], x.ids[:, :-1]) == x.ids[:, 1:]
             seq_ok = ((right & right_ids) | ~mask).all(1)
         else:
             seq_ok = (right | ~mask).all(1)

@@ -49,8 +49,11 @@ def test_encodings_see_order_but_nope_only_sees_causality(encoding):
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("mode", ["sequential", "coupled", "predicted"])
-def test_kv_cache_generation_equals_uncached(encoding, mode):
-    model = make_model(encoding, position_head=True, position_target="delta" if encoding == "rope" else "absolute")
+@pytest.mark.parametrize("target", ["absolute", "delta", "pointer", "pointer_softmax"])
+def test_kv_cache_generation_equals_uncached(encoding, mode, target):
+    model = make_model(encoding, position_head=True, position_target=target)
+    if target == "pointer":  # untrained, its scan stops at "+1" (first, fires half the time): skip it
+        torch.nn.init.constant_(model.pos_head.next.bias, -5.0)
     tokens, ids = rand_inputs(B=4, T=7)
     oracle = torch.randint(0, 40, (4, 9))
     out_c, ids_c = generate(model, tokens, ids, 9, mode, oracle_ids=oracle, use_cache=True)
@@ -66,9 +69,98 @@ def test_kv_cache_generation_equals_uncached(encoding, mode):
         assert torch.equal(ids_c, oracle)
     if mode == "predicted":
         # PPC: the id fed back for token t+1 is the position head's choice at token t
-        chosen = model.decode_position(pos_logits[:, P - 1 : -1], full_ids[:, P - 1 : -1])
+        chosen = model.decode_position(pos_logits[:, P - 1 : -1], full_ids[:, P - 1 : -1], full_ids)
         assert torch.equal(chosen, ids_c)
         assert not torch.equal(ids_c, ids[:, -1:] + torch.arange(1, 10))  # not just sequential
+
+
+def test_pointer_head_decodes_the_id_of_the_key_it_points_at():
+    """PPC's pointer head: its argmax is a key (the next id is that key's id) or the extra last
+    column (the next id is the current id + 1)."""
+    model = make_model("learned", position_head=True, position_target="pointer")
+    key_ids = torch.tensor([[0, 5, 9, 12]])
+    logits = torch.full((1, 3, 5), -1.0)
+    logits[0, 0, 2] = 3.0  # points at the key of id 9
+    logits[0, 1, 4] = 3.0  # "+1"
+    logits[0, 2, 0] = 3.0  # points back at id 0
+    current = torch.tensor([[5, 9, 12]])
+    assert model.decode_position(logits, current, key_ids).tolist() == [[9, 10, 0]]
+    # one step of generation: logits [B, Tk + 1], current [B]
+    assert model.decode_position(logits[:, 1], current[:, 1], key_ids).tolist() == [10]
+
+
+@pytest.mark.parametrize("gap", [1, 7, 60, 500])
+def test_pointer_scan_finds_the_nearest_key_of_a_kind_at_any_gap(gap):
+    """Greedy decoding of the scan stops at the nearest key ahead that fires, however many keys that
+    do not fire lie between (a softmax with a linear distance bias loses it at some gap)."""
+    from models.decoder import scan_first_firing
+
+    n = gap + 40
+    fires = torch.zeros(n, dtype=torch.bool)
+    fires[[0, 3 + gap, 3 + gap + 2, n - 1]] = True  # the query is key 3; key 0 is behind it
+    scores = torch.where(fires, 2.0, -4.0)
+    key_ids = torch.arange(n) + 1
+    dist = (key_ids - key_ids[3])[None]
+    with_next = torch.cat([scores, torch.tensor([-4.0])])[None]
+    assert scan_first_firing(with_next, dist).item() == 3 + gap
+    with_next[0, -1] = 1.0  # "+1" fires: it comes first
+    assert scan_first_firing(with_next, dist).item() == n
+    nothing_ahead = torch.where(torch.arange(n) > 3, -4.0, scores)
+    assert scan_first_firing(torch.cat([nothing_ahead, torch.tensor([-4.0])])[None], dist).item() == 0
+
+
+def test_pointer_scan_probabilities_are_stick_breaking():
+    from models.decoder import scan_log_probs
+
+    scores = torch.tensor([[0.5, -1.0, 2.0, float("-inf"), 0.0]])  # 4 keys and "+1"
+    dist = torch.tensor([[-2, 3, 1, 5]])  # scan: "+1", key 2 (d=1), key 1 (d=3), key 3 (masked), key 0
+    s = torch.sigmoid(scores[0])
+    p = scan_log_probs(scores, dist).exp()[0]
+    expected = [(1 - s[4]) * (1 - s[2]) * (1 - s[1]) * s[0], (1 - s[4]) * (1 - s[2]) * s[1],
+                (1 - s[4]) * s[2], 0.0, s[4]]
+    assert torch.allclose(p, torch.tensor(expected))
+
+
+def test_pointer_loss_counts_every_key_that_carries_the_next_id():
+    model = make_model("learned", position_head=True, position_target="pointer_softmax")
+    ids = torch.tensor([[3, 4, 3, 7]])
+    next_ids = torch.tensor([[4, 3, 8, 99]])  # token 3's next id is carried by no key: left out
+    logits = torch.randn(1, 4, 5, requires_grad=True)
+    allowed = torch.cat([torch.ones(4, 4, dtype=torch.bool).tril(), torch.ones(4, 1, dtype=torch.bool)], -1)
+    masked = logits.masked_fill(~allowed[None], float("-inf"))  # causal keys and "+1", as the head gives
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    loss = model.position_loss(masked, ids, next_ids, mask)
+    p = masked.softmax(-1)[0]
+    # token 0 (id 3 -> 4): only "+1"; token 1 (id 4 -> 3): key 0; token 2 (id 3 -> 8): nothing
+    # carries 8 and it is not 3 + 1, left out too
+    expected = -(p[0, 4].log() + p[1, 0].log()) / 2
+    assert torch.isclose(loss, expected)
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[0, 2:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("target", ["pointer", "pointer_softmax"])
+@pytest.mark.parametrize("encoding", ["nope", "rope", "alibi"])
+def test_pointer_scores_depend_on_id_differences_only(encoding, target):
+    """The pointer's distribution over keys depends on ids only through id_k - id_q (the scan's
+    order, the softmax's bias), so with a shift-invariant encoding a shifted sequence gets the same
+    distribution: what it learned at short ids holds at any offset."""
+    from models.decoder import scan_log_probs
+
+    model = make_model(encoding, position_head=True, position_target=target)
+    tokens, ids = rand_inputs()
+
+    def pointer(ids):
+        _, scores, _ = model(tokens, ids)
+        if target == "pointer":
+            return scan_log_probs(scores, ids[:, None, :] - ids[:, :, None])
+        return scores.log_softmax(-1)
+
+    assert torch.allclose(pointer(ids), pointer(ids + 23), atol=1e-4)
+    # and it does depend on the ids: swapping two tokens' ids reorders the scan / moves the bias
+    swapped = ids.clone()
+    swapped[:, [2, 5]] = swapped[:, [5, 2]]
+    assert not torch.allclose(pointer(ids), pointer(swapped), atol=1e-4)
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

@@ -104,6 +104,7 @@ def test_small_model_learns_sparse_parity():
         ({"eval": {"lengths": [8, 40]}}, "eval.lengths"),
         ({"positional": {"encoding": "sinusoid"}}, "positional.encoding"),
         ({"positional": {"ids": "magic"}}, "positional.ids"),
+        ({"positional": {"ids": "coupled", "position_target": "pointer"}}, "positional.position_target"),
         ({"task": {"name": "sorting"}}, "task.name"),
         ({"task": {"params": {"train_length": 2, "train_k": 3}}}, "task.params.train_k"),
         ({"task": {"params": {"train_length": 40}}}, "task.params.train_length"),
