@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -92,9 +93,13 @@ def driver_lock(study_dir: str) -> Iterator[None]:
     try:
         yield
     finally:
-        raw = store.read_bytes(path)
-        if raw and json.loads(raw) == me:
-            _remove(path)
+        try:
+            raw = store.read_bytes(path)
+            if raw and json.loads(raw) == me:
+                _remove(path)
+        except OSError as e:  # the storage does not answer: the lock stays, stale once this process ends
+            print(f"warning: {path} is left in place ({store.first_line(e)}); the next run of this study on "
+                  "this host takes it over", file=sys.stderr, flush=True)
 
 
 def _remove(path: str) -> None:

@@ -265,6 +265,11 @@ def main(argv=None) -> int:
     except StudyLocked as e:  # before anything of the study was touched
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except store.StorageError as e:  # the storage stopped answering (study/snapshots.py): stopped, resumable
+        print(f"error: --storage: {e}. Study {spec.name!r} stopped: the trials it finished are kept, the "
+              "others continue from their last checkpoint; continue it with --resume once the storage "
+              "answers", file=sys.stderr)
+        return 1
     except Exception as e:  # a full disk surfaces anywhere (Tune, DeepSpeed, MLflow): say so, not how
         full = store.disk_full(study_dir, e)
         if not full:

@@ -19,16 +19,47 @@ Private API: this wraps `TuneController.checkpoint(force, wait)`, the one call t
 controller snapshots (its loop, and the final save in `ray.tune.tune.run`). Ray has no public way
 to snapshot on demand. tests/test_snapshots.py fails if the method, its arguments, or what a
 forced, waited snapshot leaves in storage change.
+
+A storage that stops answering (a bucket unreachable) is watched from the same wrap: a snapshot that
+cannot be read back, or a probe (a HEAD of the experiment state, when nothing was read back for
+PROBE_S), starts the clock; the trials wait for it (study/trial.py), and once it has not answered for
+STUDY_STORAGE_WAIT_S the controller stops the study as Ctrl-C does.
+
+A snapshot is several objects (the trials' states, the searcher's, the callbacks'), uploaded one by
+one: a driver killed, or a storage gone, half-way through an upload leaves some new and some old,
+and a resume from those lost a trial (the searcher had handed out one the trial list lacks: the
+study never ended) or ran one too many. So once a snapshot is verified in storage, its state files
+are written again as one object, `last-complete-snapshot.json` (one PUT, whole or not at all), and
+only then is the listener told; `--resume` first puts those files back wherever storage differs from
+them (`restore_complete_snapshot`), and resumes from the last complete snapshot: every trial it
+records as finished is finished in MLflow too, and the others continue from the checkpoint it names.
 """
 
 from __future__ import annotations
 
+import base64
 import inspect
+import json
+import logging
+import re
+import signal
+import time
 from contextlib import contextmanager
 from typing import Iterator, Protocol
 
+import pyarrow.fs as pafs
+
+from study import storage as store
+
 # a backstop only: the events above are what resume needs (Tune's own default is "auto", >= 10 s)
 BACKSTOP_PERIOD_S = "900"
+PROBE_S = 10.0  # storage not read from for this long is probed (one HEAD), so that an outage is seen
+PROBE_DOWN_S = 5.0  # while it does not answer, it is probed this often
+COMPLETE = "last-complete-snapshot.json"  # beside Tune's state files, in the experiment's folder
+# Tune's state files, one set per driver session (its start time, "%Y-%m-%d_%H-%M-%S"): a resume
+# reads the newest of each kind by name
+STATE_FILE = re.compile(r"^(experiment_state|search_gen_state|searcher-state|callback-states|"
+                        r"basic-variant-state)-(?P<session>\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d)\.(json|pkl)$")
 
 
 class SnapshotListener(Protocol):
@@ -39,53 +70,229 @@ class SnapshotListener(Protocol):
         """Called after a snapshot that is in storage."""
 
 
+class StorageWatch:
+    """Whether the study's storage answers, as the controller sees it; `lost` says why the study was
+    stopped (None: it was not)."""
+
+    def __init__(self, wait_s: float | None = None):
+        self.wait_s = store.WAIT_S if wait_s is None else wait_s
+        self.checked = time.monotonic()  # the last read (a snapshot or a probe), answered or not
+        self.down_since: float | None = None
+        self.lost: str | None = None
+
+    def answered(self) -> None:
+        if self.down_since is not None:
+            print(f"storage: answering again after {time.monotonic() - self.down_since:.0f} s; "
+                  "the study goes on", flush=True)
+            self.down_since = None
+        self.checked = time.monotonic()
+
+    def failed(self, uri: str, error: BaseException) -> None:
+        self.checked = time.monotonic()
+        if self.down_since is None:
+            self.down_since = self.checked
+            _warn(f"--storage: {uri} does not answer ({store.first_line(error)}); the trials wait for it, "
+                  f"and the study stops if it does not answer within {self.wait_s:g} s "
+                  "(STUDY_STORAGE_WAIT_S)")
+        elif self.checked - self.down_since >= self.wait_s and self.lost is None:
+            self.lost = (f"{uri} did not answer for {self.checked - self.down_since:.0f} s "
+                         f"(STUDY_STORAGE_WAIT_S {self.wait_s:g}); last: {store.first_line(error)}")
+
+    def probe_due(self) -> bool:
+        return time.monotonic() - self.checked >= (PROBE_S if self.down_since is None else PROBE_DOWN_S)
+
+
+class _StorageNoise(logging.Filter):
+    """Ray logs each failed storage call of the controller with a traceback, at every try, and a study
+    stopped for its storage as if by Ctrl-C ("the most recent state was saved"): the watch says what
+    happened, once, with the URI."""
+
+    LOGGERS = ("ray.tune.execution.experiment_state", "ray.train._internal.storage", "ray.tune.tune")
+    STOPPED = ("Stop signal received", "Experiment has been interrupted")
+
+    def __init__(self, watch: StorageWatch):
+        super().__init__()
+        self.watch = watch
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith("Saving experiment state to storage"):
+            return False
+        if record.exc_info and isinstance(record.exc_info[1], OSError):
+            return False
+        return not (self.watch.lost and message.startswith(self.STOPPED))
+
+
 @contextmanager
-def snapshots_on_events(listener: SnapshotListener) -> Iterator[None]:
+def snapshots_on_events(listener: SnapshotListener) -> Iterator[StorageWatch]:
     """While Tune runs inside this block, its controller snapshots (and waits for the upload) in
     every step in which `listener.snapshot_due()`, and calls `listener.on_snapshot()` after every
-    snapshot it waited for."""
+    snapshot it waited for. Yields the storage's watch: its `lost` is set when the study was stopped
+    because the storage did not answer."""
+    from ray.train._internal import checkpoint_manager
     from ray.tune.execution.tune_controller import TuneController
 
     original = TuneController.checkpoint
     if list(inspect.signature(original).parameters) != ["self", "force", "wait"]:
         raise RuntimeError("ray.tune's TuneController.checkpoint(force, wait) changed; "
                            "study/snapshots.py must follow it")
+    # Private API too: Tune deletes a trial's checkpoints beyond num_to_keep through this function, as
+    # the driver takes a trial's report; a storage that did not answer then raised out of the
+    # controller's loop (the study ended in a traceback). A checkpoint left behind is only unused.
+    delete = checkpoint_manager._delete_fs_path
+    if list(inspect.signature(delete).parameters) != ["fs", "fs_path"]:
+        raise RuntimeError("ray.train's checkpoint_manager._delete_fs_path(fs, fs_path) changed; "
+                           "study/snapshots.py must follow it")
+    watch = StorageWatch()
+    stopping: list[bool] = []
 
     def checkpoint(self, force: bool = False, wait: bool = False):
         due = listener.snapshot_due()
-        original(self, force=force or due, wait=wait or due)
-        # Tune logs a failed upload and goes on: only a state read back from storage counts, and
-        # until one does, `due` stays true and every controller step tries again
-        if (due or (force and wait)) and in_storage(self):
-            listener.on_snapshot()
+        try:
+            original(self, force=force or due, wait=wait or due)
+        finally:
+            # Tune logs a failed upload and goes on: only a state read back from storage counts, and
+            # until one does, `due` stays true and every controller step tries again
+            if due or (force and wait):
+                if in_storage(self, watch) and mark_complete(self, watch):
+                    listener.on_snapshot()
+            elif watch.probe_due():
+                probe(self, watch)
+            if watch.lost and not (force and wait) and not stopping:  # not in Tune's final save
+                stopping.append(True)
+                signal.raise_signal(signal.SIGINT)  # Tune's own stop, as on Ctrl-C
 
+    quiet = _StorageNoise(watch)
+    for name in quiet.LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
+    checkpoint_manager._delete_fs_path = _delete_or_leave
     TuneController.checkpoint = checkpoint
     try:
-        yield
+        yield watch
     finally:
         TuneController.checkpoint = original
+        checkpoint_manager._delete_fs_path = delete
+        for name in quiet.LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
 
 
-def in_storage(controller) -> bool:
-    """Whether the experiment state the controller just saved is in the study's storage, byte for
-    byte. Private API, like the wrap above: the controller's `_storage` (a StorageContext) and
-    `experiment_state_file_name`; tests/test_snapshots.py fails if they change."""
+def _delete_or_leave(fs, fs_path: str) -> None:
+    """Delete a file or folder in storage; one the storage cannot delete now is left, and said so."""
+    try:
+        info = fs.get_file_info(fs_path)
+        if info.type == pafs.FileType.File:
+            fs.delete_file(fs_path)
+        elif info.type == pafs.FileType.Directory:
+            fs.delete_dir(fs_path)
+    except OSError as e:
+        _warn(f"{store.uri_of(fs, fs_path)} was not deleted ({store.first_line(e)}); it stays, unused")
+
+
+def _state_paths(controller) -> tuple[str, str]:
+    """(the state file staged locally, where it is in storage). Private API, like the wrap above: the
+    controller's `_storage` (a StorageContext) and `experiment_state_file_name`; tests/test_snapshots.py
+    fails if they change."""
     from pathlib import Path
 
     name = controller.experiment_state_file_name
-    staged = Path(controller._storage.experiment_driver_staging_path, name)
-    remote = f"{controller._storage.experiment_fs_path}/{name}"
+    return (str(Path(controller._storage.experiment_driver_staging_path, name)),
+            f"{controller._storage.experiment_fs_path}/{name}")
+
+
+def _uri(controller) -> str:
+    return store.uri_of(controller._storage.storage_filesystem, controller._storage.experiment_fs_path)
+
+
+def in_storage(controller, watch: StorageWatch | None = None) -> bool:
+    """Whether the experiment state the controller just saved is in the study's storage, byte for
+    byte."""
+    from pathlib import Path
+
+    staged, remote = _state_paths(controller)
     try:
         with controller._storage.storage_filesystem.open_input_stream(remote) as f:
             stored = f.read()
     except OSError as e:
-        _warn(f"the experiment state is not in storage ({remote}: {str(e).splitlines()[0]}); "
-              "trials stay unfinished in MLflow until a snapshot reaches it")
+        if watch is not None and not isinstance(e, FileNotFoundError):
+            watch.failed(_uri(controller), e)
+        else:
+            _warn(f"the experiment state is not in storage ({remote}: {store.first_line(e)}); "
+                  "trials stay unfinished in MLflow until a snapshot reaches it")
         return False
-    if stored != staged.read_bytes():
+    if watch is not None:
+        watch.answered()
+    if stored != Path(staged).read_bytes():
         _warn(f"the experiment state in storage ({remote}) is not the one just saved; trying again")
         return False
     return True
+
+
+def mark_complete(controller, watch: StorageWatch) -> bool:
+    """Write the state files of the snapshot just verified in storage as one object (COMPLETE), from
+    the driver's staging folder (what Tune uploaded); False if the storage did not take it."""
+    from pathlib import Path
+
+    staged, _ = _state_paths(controller)
+    session = STATE_FILE.match(Path(staged).name)
+    if session is None:
+        raise RuntimeError(f"ray.tune's experiment state file {Path(staged).name} is not named as "
+                           "study/snapshots.py expects")
+    files = {}
+    for path in sorted(Path(staged).parent.iterdir()):
+        match = STATE_FILE.match(path.name)
+        if match and match["session"] == session["session"] and path.is_file():
+            files[path.name] = base64.b64encode(path.read_bytes()).decode()
+    record = json.dumps({"session": session["session"], "files": files}).encode()
+    fs, path = controller._storage.storage_filesystem, f"{controller._storage.experiment_fs_path}/{COMPLETE}"
+    try:
+        if isinstance(fs, pafs.LocalFileSystem):  # a folder: a temporary file renamed over the old one
+            store.write_atomic(path, record)
+        else:  # an object store: one PUT
+            with fs.open_output_stream(path) as out:
+                out.write(record)
+    except OSError as e:
+        watch.failed(_uri(controller), e)
+        return False
+    return True
+
+
+def restore_complete_snapshot(tune_dir: str) -> list[str]:
+    """Before a resume: make Tune's state files in `tune_dir` those of the last complete snapshot
+    (COMPLETE): each one that differs is written back, and any of a later driver session is removed
+    (a snapshot not known to be complete). Returns the files changed; none for a study whose
+    snapshots predate COMPLETE."""
+    raw = store.read_bytes(store.join(tune_dir, COMPLETE))
+    if raw is None:
+        return []
+    record = json.loads(raw)
+    changed = []
+    try:
+        for name, encoded in record["files"].items():
+            data = base64.b64decode(encoded)
+            path = store.join(tune_dir, name)
+            if store.read_bytes(path) != data:
+                store.write_atomic(path, data)
+                changed.append(name)
+        fs, inner = store.resolve(tune_dir)
+        for info in fs.get_file_info(pafs.FileSelector(inner)):
+            match = STATE_FILE.match(info.base_name)
+            if info.type == pafs.FileType.File and match and match["session"] > record["session"]:
+                fs.delete_file(info.path)
+                changed.append(info.base_name)
+    except OSError as e:
+        raise store.StorageError(f"{store.redact(tune_dir)}: cannot put back the last complete snapshot: "
+                                 f"{store.first_line(e)}") from None
+    return changed
+
+
+def probe(controller, watch: StorageWatch) -> None:
+    """One HEAD of the experiment state in storage: does the storage answer?"""
+    try:
+        controller._storage.storage_filesystem.get_file_info(_state_paths(controller)[1])
+    except OSError as e:
+        watch.failed(_uri(controller), e)
+    else:
+        watch.answered()
 
 
 def _warn(text: str) -> None:

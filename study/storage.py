@@ -11,9 +11,13 @@ of this project's.
 
 from __future__ import annotations
 
+import errno
 import os
+import sys
+import time
 import uuid
 from contextlib import contextmanager
+from typing import Callable, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import pyarrow.fs as pafs
@@ -22,8 +26,59 @@ import pyarrow.fs as pafs
 SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}
 
 
+# How long a study waits for its storage when it stops answering (a bucket unreachable): the driver
+# stops the study after this long (exit 1, resumable; study/snapshots.py), and a trial waits longer for
+# its checkpoint (twice this plus 2 minutes), so that a study stops, it never fails a trial, for it.
+WAIT_S = float(os.environ.get("STUDY_STORAGE_WAIT_S", "300"))
+
+T = TypeVar("T")
+
+
 class StorageError(OSError):
     """The storage cannot be used; the message names the URI and what the store answered."""
+
+
+class StorageUnreachable(StorageError):
+    """The study's storage did not answer for longer than STUDY_STORAGE_WAIT_S; the study stopped."""
+
+
+def first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else type(error).__name__
+
+
+# what a storage answers (a missing object, a refusal, a full or read-only disk): not worth waiting for
+ANSWERS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def unanswered(error: OSError) -> bool:
+    """Whether an OSError says the storage did not answer (pyarrow's S3 and GCS errors, which carry no
+    errno; a connection refused or timed out), not what it answered."""
+    return not isinstance(error, ANSWERS) and error.errno not in FULL
+
+
+def patiently(call: Callable[[], T], what: str, wait_s: float | None = None, pause_s: float = 5.0) -> T:
+    """`call()`, tried again while it raises an OSError that says the storage did not answer, for up
+    to `wait_s` (default: a trial's wait, 2 x WAIT_S + 120 s); then the last error. Says so once on
+    stderr (a trial's: its Ray worker log)."""
+    deadline = time.monotonic() + (2 * WAIT_S + 120 if wait_s is None else wait_s)
+    since = None
+    while True:
+        try:
+            result = call()
+        except OSError as e:
+            if not unanswered(e) or time.monotonic() >= deadline:
+                raise
+            if since is None:
+                since = time.monotonic()
+                print(f"warning: {what}: the storage does not answer ({first_line(e)}); trying again",
+                      file=sys.stderr, flush=True)
+            time.sleep(pause_s)
+            continue
+        if since is not None:
+            print(f"{what}: done after {time.monotonic() - since:.0f} s", file=sys.stderr, flush=True)
+        return result
 
 
 def is_uri(path: str) -> bool:
@@ -195,9 +250,12 @@ def read_bytes(path: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        if fs.get_file_info(inner).type == pafs.FileType.NotFound:
-            return None
-        raise StorageError(f"{path}: {e}") from None
+        try:
+            if fs.get_file_info(inner).type == pafs.FileType.NotFound:
+                return None
+        except OSError:
+            pass
+        raise StorageError(f"{redact(path)}: {_scrub(first_line(e), path)}") from None
 
 
 FULL_BELOW_BYTES = 8 << 20  # a folder's disk with less free space than this counts as full
@@ -206,7 +264,6 @@ FULL_BELOW_BYTES = 8 << 20  # a folder's disk with less free space than this cou
 def disk_full(path: str, error: BaseException | None = None) -> str | None:
     """Why the disk under a local `path` is full (out of space: ENOSPC somewhere in `error`'s chain,
     or under FULL_BELOW_BYTES free), or None; always None for a bucket."""
-    import errno
     import shutil
 
     if is_uri(path):

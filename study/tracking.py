@@ -31,12 +31,28 @@ from ray.tune import Callback
 
 from study.identity import StudyIdentity
 from study.spec import StudySpec, flat_params
+from study.storage import first_line as _first_line
 from study.storage import uri_of
 
 PARENT_TAG = "study.parent"
 TRIAL_TAG = "tune.trial_id"
-# what an unreachable or failing tracking store raises (a server down: requests' errors are OSErrors)
-RECORDING_ERRORS = (MlflowException, OSError)
+
+
+def _recording_errors() -> tuple[type[BaseException], ...]:
+    """What an unreachable or failing tracking store raises: a server down (requests' errors are
+    OSErrors), and artifacts in an s3:// bucket that does not answer (boto3's errors are not)."""
+    errors: list[type[BaseException]] = [MlflowException, OSError]
+    try:
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        errors += [BotoCoreError, ClientError, Boto3Error]
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+RECORDING_ERRORS = _recording_errors()
 RETRY_S = 10.0  # while MLflow cannot be reached, events wait this long before the next try
 # at the end of a study, how long the tracker keeps trying to record what it holds
 FLUSH_WAIT_S = float(os.environ.get("STUDY_MLFLOW_WAIT_S", "60"))
@@ -439,11 +455,6 @@ def study_params(spec: StudySpec) -> dict[str, str]:
     out.update({"objective": f"{spec.objective.mode} {spec.objective.metric} (ties: lower val_loss)",
                 "replicas": spec.replicas, "cells": len(spec.cells()), "task": spec.task.name, "seed": spec.seed})
     return out
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else type(error).__name__
 
 
 def error_reason(error) -> str:

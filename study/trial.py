@@ -15,7 +15,7 @@ Reporting to Tune keeps intermediate metrics, checkpoints and Tune's own trial r
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
 import ray.train
@@ -24,7 +24,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from study.storage import join
+from study.storage import join, patiently
 from study.train import train_loop_per_worker
 
 TRIAL_KEY = "trial"  # the Tune config holds the full trial config under this key
@@ -39,17 +39,42 @@ class _RaySession:
         self.api = api
 
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
-        checkpoint = self.api.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
-        self.api.report(metrics, checkpoint=checkpoint)
+        """The checkpoint's upload to the study's storage is tried again while the storage does not
+        answer, so that an outage stops the study (the driver decides, study/snapshots.py) and does
+        not fail the trial."""
+        if not checkpoint_dir:
+            self.api.report(metrics)
+            return
+        checkpoint = self.api.Checkpoint.from_directory(checkpoint_dir)
+        if self.api is ray.tune:
+            # in the trial's process the upload comes first, then the report: the whole call is tried
+            # again, under the same checkpoint_NNNNNN (Private API: the session's StorageContext, whose
+            # index each call advances before it uploads)
+            from ray.train._internal.session import get_session
+
+            storage = get_session().storage
+            index = storage.current_checkpoint_index
+
+            def upload_and_report():
+                storage.current_checkpoint_index = index
+                self.api.report(dict(metrics), checkpoint=checkpoint)
+
+            patiently(upload_and_report, "checkpoint upload")
+            return
+        # a Ray Train worker: report is collective (the ranks agree on the checkpoint's name first),
+        # so only this rank's upload is tried again (DeveloperAPI: the worker's StorageContext)
+        storage = ray.train.get_context().get_storage()
+        self.api.report(metrics, checkpoint=checkpoint, checkpoint_upload_fn=lambda c, name: patiently(
+            lambda: storage.persist_current_checkpoint(c, name), "checkpoint upload"))
 
     @contextmanager
     def restore_dir(self) -> Iterator[str | None]:
         checkpoint = self.api.get_checkpoint()
         if checkpoint is None:
             yield None
-        else:
-            with checkpoint.as_directory() as path:
-                yield path
+            return
+        with ExitStack() as stack:  # the download, tried again like the upload
+            yield patiently(lambda: stack.enter_context(checkpoint.as_directory()), "checkpoint download")
 
 
 def ray_train_loop(config: dict) -> None:

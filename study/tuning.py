@@ -12,7 +12,7 @@ import pandas as pd
 from study import storage as store
 from study.identity import StudyIdentity
 from study.report import write_report
-from study.snapshots import BACKSTOP_PERIOD_S, snapshots_on_events
+from study.snapshots import BACKSTOP_PERIOD_S, restore_complete_snapshot, snapshots_on_events
 from study.spec import StudySpec
 from study.tracking import RECORDING_ERRORS, StudyTracker, error_reason
 
@@ -92,6 +92,10 @@ def run_study(
     tune_dir = store.join(study_dir, "tune")
     try:
         if resume:
+            torn = restore_complete_snapshot(tune_dir)
+            if torn:  # a driver stopped half-way through uploading a snapshot (study/snapshots.py)
+                print(f"note: the last snapshot in storage was incomplete; resuming from the last complete "
+                      f"one ({', '.join(torn)} put back)", flush=True)
             # a failed trial stays failed: it ran out of retries (resources.max_failures), and a
             # deterministic failure (Diverged) would fail again; rerun search trials could also change
             # a selection whose replicas already ran
@@ -145,8 +149,15 @@ def run_study(
             if progress not in run_config.callbacks:  # a study started before progress lines existed
                 run_config.callbacks.append(progress)
             run_config.verbose = 1 if verbose else 0
-        with snapshots_on_events(tracker):
-            grid = tuner.fit()
+        with snapshots_on_events(tracker) as watch:
+            try:
+                grid = tuner.fit()
+            except BaseException:  # stopped for the storage, Tune's last read of it fails too
+                if watch.lost:
+                    raise store.StorageUnreachable(watch.lost) from None
+                raise
+        if watch.lost:  # stopped as on Ctrl-C: the trials that did not end continue on --resume
+            raise store.StorageUnreachable(watch.lost)
         # on Ctrl-C Tune stops the trials, saves the experiment and returns: what it returns then
         # holds trials that did not end (or fewer than planned); they must not read as a result
         planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, grid)
@@ -166,8 +177,7 @@ def run_study(
             selected, summary, files = write_report(spec, trials, tmp if remote else study_dir)
             if remote:  # each object whole; the marker (report.json) last, as in a folder
                 for key, path in sorted(files.items(), key=lambda kv: kv[0] == "marker"):
-                    with open(path, "rb") as f:
-                        store.write_atomic(store.join(study_dir, os.path.basename(path)), f.read())
+                    _upload(path, store.join(study_dir, os.path.basename(path)))
             # the results are in storage; MLflow's record comes after, and may fail without losing them
             unrecorded = None
             try:
@@ -193,6 +203,17 @@ def run_study(
     except BaseException:
         _finish_if_reachable(tracker, "FAILED")
         raise
+
+
+def _upload(path: str, uri: str) -> None:
+    """A report file into the bucket, waiting for it as a study does (STUDY_STORAGE_WAIT_S)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        store.patiently(lambda: store.write_atomic(uri, data), f"writing {uri}", wait_s=store.WAIT_S)
+    except OSError as e:
+        why = store.first_line(e)
+        raise store.StorageError(f"{store.redact(uri)}: cannot write the report: {why}") from None
 
 
 def _finish_if_reachable(tracker: StudyTracker, status: str) -> None:

@@ -5,7 +5,13 @@ checkpoints, the report and MLflow's artifacts all in the bucket, resumable from
 from __future__ import annotations
 
 import io
+import os
+import signal
+import socket
+import sqlite3
+import struct
 import subprocess
+import threading
 import time
 
 import pandas as pd
@@ -106,6 +112,38 @@ def test_resume_from_a_bucket_after_the_driver_is_killed(s3, tmp_path):
     assert results.trial_id.nunique() == 6 and results.drop_duplicates("trial_id")["search.optim.lr"].nunique() == 6
 
 
+def test_a_resume_starts_from_the_last_complete_snapshot(s3, tmp_path):
+    """A snapshot's state files are uploaded one by one; one cut half-way (the driver killed, the
+    bucket gone) leaves some new and some old. `--resume` puts back the last snapshot known complete
+    (study/snapshots.py): each file that differs, and no file of a later driver session."""
+    from types import SimpleNamespace
+
+    from study import snapshots
+
+    tune_dir, session, later = "s3://studies/torn/tune", "2026-01-01_00-00-00", "2026-01-01_00-00-05"
+    names = [f"{kind}-{session}.{ext}" for kind, ext in
+             (("experiment_state", "json"), ("search_gen_state", "json"), ("searcher-state", "pkl"))]
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    for name in [*names, "tuner.pkl"]:
+        (staged / name).write_bytes(f"complete {name}".encode())
+    storage.upload_dir(str(staged), tune_dir)
+    fs, inner = storage.resolve(tune_dir)
+    controller = SimpleNamespace(experiment_state_file_name=names[0], _storage=SimpleNamespace(
+        experiment_driver_staging_path=str(staged), experiment_fs_path=inner, storage_filesystem=fs))
+    assert snapshots.mark_complete(controller, snapshots.StorageWatch())
+    assert snapshots.restore_complete_snapshot(tune_dir) == []  # storage holds that snapshot: nothing to do
+    assert snapshots.restore_complete_snapshot("s3://studies/none/tune") == []  # no record: as before
+
+    storage.write_atomic(f"{tune_dir}/{names[2]}", b"a newer searcher")  # the next upload, cut short
+    storage.write_atomic(f"{tune_dir}/experiment_state-{later}.json", b"a later driver's")
+    put_back = snapshots.restore_complete_snapshot(tune_dir)
+    assert sorted(put_back) == [f"experiment_state-{later}.json", names[2]]
+    for name in [*names, "tuner.pkl"]:
+        assert storage.read_bytes(f"{tune_dir}/{name}") == f"complete {name}".encode()
+    assert not storage.exists(f"{tune_dir}/experiment_state-{later}.json")
+
+
 def test_unreachable_or_unauthorised_bucket_exits_2_before_any_trial(s3, tmp_path):
     smoke = ["--space", str(ROOT / "search_spaces/smoke.yaml"), "--mlflow-uri", f"sqlite:///{tmp_path}/ml.db"]
     closed = start_s3_server()  # a server that is gone: nothing listens on its port any more
@@ -129,3 +167,180 @@ def test_unreachable_or_unauthorised_bucket_exits_2_before_any_trial(s3, tmp_pat
         locked.terminate()
         locked.wait()
     assert not (tmp_path / "ml.db").exists()  # nothing recorded
+
+
+class Outage:
+    """A TCP relay in front of the S3 server, standing for the network between the study and its
+    bucket: `down()` cuts every open connection and refuses new ones (the bucket unreachable; what it
+    holds is kept, as a real outage keeps it), `up()` serves again on the same address."""
+
+    def __init__(self, target_url: str):
+        host, _, port = target_url.rpartition("//")[2].partition(":")
+        self.target = (host, int(port))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lock = threading.Lock()
+        self.open: set[socket.socket] = set()
+        self.listener: socket.socket | None = None
+        self.up()
+
+    def up(self) -> None:
+        if self.listener is not None:
+            return
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        with self.lock:
+            listener, self.listener = self.listener, None
+            conns, self.open = self.open, set()
+        if listener is not None:
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() below
+            listener.close()
+        for conn in conns:  # a reset, not a clean close: the request in flight fails
+            try:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+            except OSError:
+                pass
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                if self.listener is not listener:  # went down meanwhile
+                    client.close()
+                    server.close()
+                    continue
+                self.open |= {client, server}
+            pumps = [threading.Thread(target=self._pump, args=(a, b), daemon=True)
+                     for a, b in ((client, server), (server, client))]
+            for p in pumps:
+                p.start()
+            threading.Thread(target=self._close_after, args=(pumps, client, server), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def _close_after(self, pumps: list[threading.Thread], *conns: socket.socket) -> None:
+        for p in pumps:
+            p.join()
+        with self.lock:
+            self.open -= set(conns)
+        for conn in conns:
+            conn.close()
+
+
+def finished_trials(db) -> dict[str, int]:
+    """{run id: end time} of the FINISHED child runs in an MLflow SQLite store, read while a study
+    writes it."""
+    try:
+        with sqlite3.connect(db) as con:
+            return dict(con.execute(
+                "select run_uuid, end_time from runs r join tags t using (run_uuid) "
+                "where t.key = 'mlflow.parentRunId' and r.status = 'FINISHED'").fetchall())
+    except sqlite3.Error:
+        return {}
+
+
+@pytest.mark.parametrize("outage", ["stays_down", "comes_back"])
+def test_a_bucket_unreachable_mid_study_loses_nothing(s3, tmp_path, outage):
+    """The bucket stops answering once a trial has finished (what it holds is kept, as in a real outage).
+    `stays_down`: every connection is cut and refused for longer than the study waits
+    (STUDY_STORAGE_WAIT_S 10 s): the study stops by itself, exit 1, naming the storage and --resume.
+    `comes_back`: the S3 server frozen (SIGSTOP: connections hang) for 10 s, then connections refused
+    for 15 s, then back: the trials and the study wait for it and the study finishes. Either way
+    `--resume`, with the bucket back, ends the study (exit 0) and reruns no trial that had finished:
+    one MLflow run and one row set of results.csv per trial."""
+    import boto3
+
+    moto, url = start_s3_server()  # its own: this test freezes it
+    relay = Outage(url)  # the network between the study and the bucket
+    try:
+        bucket = {"client": boto3.client("s3", endpoint_url=url), "bucket": "studies"}
+        bucket["client"].create_bucket(Bucket="studies")
+        env = {**env_of(s3), "AWS_ENDPOINT_URL": relay.url,
+               "STUDY_STORAGE_WAIT_S": "10" if outage == "stays_down" else "120"}
+        name = f"outage_{outage}"
+        spec = write_spec(tmp_path, **{"name": name, "base/optim/steps": 120, "base/eval/every_steps": 20,
+                                       "base/sparsity": None})
+        db = tmp_path / "ml.db"
+        storage = f"s3://studies/{outage}"
+        args = ["--space", str(spec), "--storage", storage, "--mlflow-uri", f"sqlite:///{db}"]
+        proc = subprocess.Popen([*RUN, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.time() + 400
+            while time.time() < deadline and proc.poll() is None and not finished_trials(db):
+                time.sleep(0.5)
+            finished_before = finished_trials(db)
+            assert finished_before and proc.poll() is None, "no trial finished while others ran"
+            if outage == "comes_back":
+                os.kill(moto.pid, signal.SIGSTOP)
+                time.sleep(10)
+                relay.down()
+                time.sleep(15)
+                os.kill(moto.pid, signal.SIGCONT)
+                relay.up()
+            else:
+                relay.down()
+            try:  # bounded: the study ends by itself, or this fails
+                out, err = proc.communicate(timeout=400)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+                pytest.fail(f"no end within 400 s of the outage (a hang):\n{out[-3000:]}\n{err[-5000:]}")
+        finally:
+            os.kill(moto.pid, signal.SIGCONT)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # no trial failed for it (Ray logs a failed trial's traceback): a trial waits for the bucket
+        assert "Traceback" not in err and "FAILED " not in out, out[-3000:] + err[-5000:]
+        if outage == "stays_down":
+            assert proc.returncode == 1, out[-3000:] + err[-5000:]
+            last = err.strip().splitlines()[-1]
+            assert last.startswith(f"error: --storage: {storage}/{name}/tune did not answer"), err[-5000:]
+            assert "--resume" in last and "Traceback" not in last
+            assert {k: v for k, v in finished_trials(db).items() if k in finished_before} == finished_before
+            relay.up()
+        else:
+            assert proc.returncode == 0, out[-3000:] + err[-5000:]
+            assert out.count("] started ") == 4, out[-3000:]  # no trial was restarted for it either
+
+        again = run([*args, "--resume"], env=env, cwd=tmp_path)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-5000:]
+        if outage == "comes_back":
+            assert "] started " not in again.stdout  # a finished study: nothing runs again
+        client, parents, children = mlflow_runs(db, name)
+        assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+        trials = sorted((c.data.tags["tune.trial_id"], c.info.status) for c in children)
+        assert len(children) == 4, (trials, again.stdout[-3000:], out[-3000:])  # none lost, none twice
+        assert all(c.info.status == "FINISHED" for c in children)
+        for run_id, end_time in finished_before.items():  # finished trials were not rerun
+            assert client.get_run(run_id).info.end_time == end_time
+        results = read_csv(bucket, f"{outage}/{name}/results.csv")
+        assert results.trial_id.nunique() == 4 and len(results) == 4 * 3 * 2  # one row set per trial
+    finally:
+        relay.down()
+        moto.terminate()
+        moto.wait(timeout=30)
