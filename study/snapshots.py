@@ -243,13 +243,8 @@ def mark_complete(controller, watch: StorageWatch) -> bool:
         if match and match["session"] == session["session"] and path.is_file():
             files[path.name] = base64.b64encode(path.read_bytes()).decode()
     record = json.dumps({"session": session["session"], "files": files}).encode()
-    fs, path = controller._storage.storage_filesystem, f"{controller._storage.experiment_fs_path}/{COMPLETE}"
     try:
-        if isinstance(fs, pafs.LocalFileSystem):  # a folder: a temporary file renamed over the old one
-            store.write_atomic(path, record)
-        else:  # an object store: one PUT
-            with fs.open_output_stream(path) as out:
-                out.write(record)
+        store.write_atomic(store.join(_uri(controller), COMPLETE), record)  # renamed into place, or one PUT
     except OSError as e:
         watch.failed(_uri(controller), e)
         return False
