@@ -96,14 +96,15 @@ def _run_trial(job: dict) -> dict:
     import logging
 
     logging.disable(logging.WARNING)
-    from models import generation_modes
-    from study.session import LocalSession
-    from study.train import train_loop_per_worker
+    from analysis import ANALYSES
+    from trial.config import TrialConfig
+    from trial.loop import train_loop_per_worker
+    from trial.session import LocalSession
 
     start = time.time()
     with open(os.devnull, "w") as quiet:
-        out = train_loop_per_worker(job["trial"], LocalSession(quiet))
-    own = generation_modes(job["trial"]["positional"]["ids"])[0]
+        out = train_loop_per_worker(job["trial"], LocalSession(quiet), ANALYSES)
+    own = TrialConfig.model_validate(job["trial"]).positional.scheme.own_ids
     rows = [
         {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"], "length": r["length"],
          "k": r["k"], "ids": r["ids"], "own_ids": r["ids"] == own, "exact_match": r["exact_match"],
@@ -114,8 +115,9 @@ def _run_trial(job: dict) -> dict:
 
 
 def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None) -> tuple[list[dict], int]:
-    from study.config import MAX_POSITION, PositionalSpec, TrialConfig
     from study.spec import load_spec
+    from trial.config import PositionalSpec, TrialConfig
+    from trial.limits import MAX_POSITION
 
     spec = load_spec(str(spec_path))
     jobs = []
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
     from pydantic import ValidationError
 
-    from study.config import describe_errors
+    from trial.yaml_io import describe_errors
 
     plans = []
     for path in paths:

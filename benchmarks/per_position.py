@@ -43,16 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import yaml
 
-    from models import inference_ids, training_ids
-    from study.config import TrialConfig, describe_errors
-    from study.spec import _set_path  # our own dotted-path setter, the one study specs use
-    from study.session import FolderSession
-    from study.train import load_trained, train_loop_per_worker
+    from analysis import ANALYSES
+    from study.spec import set_path  # the dotted-path setter study specs use
+    from trial.config import TrialConfig
+    from trial.loop import load_trained, train_loop_per_worker
+    from trial.session import FolderSession
+    from trial.yaml_io import describe_errors
 
     raw = yaml.safe_load(open(args.config))
     for item in args.set:
         path, _, value = item.partition("=")
-        _set_path(raw, path, yaml.safe_load(value))
+        set_path(raw, path, yaml.safe_load(value))
     if args.seed is not None:
         raw["seed"] = args.seed
     if args.lengths:
@@ -65,20 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 
     with tempfile.TemporaryDirectory() as folder:
-        train_loop_per_worker(cfg, FolderSession(folder))
+        train_loop_per_worker(cfg, FolderSession(folder), ANALYSES)
         _, task, model = load_trained(folder)
 
     pos = cfg.positional
     rng = np.random.default_rng([cfg.seed, 31337])
     train = task.sample(4096, rng)
-    train_ids = training_ids(pos.ids, train.position_ids, train.seq_len, pos.max_position, rng,
-                             pos.shift, pos.pose_chunks, task.fixed_prefix)
+    train_ids = pos.scheme.training_ids(train.position_ids, train.seq_len, rng, task.fixed_prefix)
     trained_span = int(id_span(train_ids, train.seq_len).max())
     print(f"{cfg.task.name} {pos.label} id_window={pos.id_window} heads={pos.id_window_heads}: "
           f"largest id distance in training {trained_span}")
     for length, k in cfg.grid():
         batch = task.sample(args.samples, rng, length=length, k=k)
-        ids = inference_ids(pos.ids, batch.position_ids)
+        ids = pos.scheme.inference_ids(batch.position_ids)
         with torch.no_grad():
             logits, _, _ = model(torch.from_numpy(batch.tokens[:, :-1]), torch.from_numpy(ids[:, :-1]))
         right = (logits.argmax(-1).numpy() == batch.tokens[:, 1:]) & batch.loss_mask[:, 1:]

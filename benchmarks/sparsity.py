@@ -5,7 +5,7 @@
     python -m benchmarks.sparsity --json sparsity.json             # keep the table
 
 For each seed it trains a sparse_parity model (learned ids with random shift) and a parity_scratchpad
-model (coupled ids) in-process, then runs the meter of study/sparsity.py with every ranking method
+model (coupled ids) in-process, then runs the meter of analysis/sparsity.py with every ranking method
 and both ablations on held-out targets (the training mix, or the `--length` / `--k` cell), and
 prints per (task, method, ablation) how often the measured k equals the planted k, the precision and
 recall of the chosen tokens, and how many targets had no gap. The README's claim is checked for
@@ -59,10 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import pandas as pd
 
-    from study.config import SparsitySpec, TrialConfig
-    from study.session import FolderSession
-    from study.sparsity import run_meter, summarize
-    from study.train import load_trained, train_loop_per_worker
+    from analysis import ANALYSES
+    from analysis.sparsity import run_meter, summarize
+    from trial.analysis_specs import SparsitySpec
+    from trial.config import TrialConfig
+    from trial.loop import load_trained, train_loop_per_worker
+    from trial.session import FolderSession
 
     rows = []
     for name, base in configs(args).items():
@@ -71,14 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             cfg = TrialConfig.model_validate({**base, "seed": seed})
             with tempfile.TemporaryDirectory() as folder:
-                out = train_loop_per_worker(cfg, FolderSession(folder))
+                out = train_loop_per_worker(cfg, FolderSession(folder), ANALYSES)
                 trial, task, model = load_trained(folder)
             val = out["metrics"]["val_exact"]
             for method, ablation in METHODS:
                 spec = SparsitySpec(method=method, ablation=ablation, targets=args.targets,
                                     k_max=max(8, (args.k or 0) + 2), length=args.length, k=args.k)
                 TrialConfig.model_validate({**trial.model_dump(), "sparsity": spec.model_dump()})  # field errors
-                table, info = run_meter(model, task, trial.positional.ids, spec, seed=1000 + seed)
+                table, info = run_meter(model, task, trial.positional.scheme, spec, seed=1000 + seed)
                 s = summarize(table[table.kind != "eos"], spec.k_max)
                 rows.append({"task": name, "seed": seed, "val_exact": val, "method": method, "ablation": ablation,
                              **{k: s[k] for k in ("k_match", "precision", "recall", "k_median", "targets_flat",

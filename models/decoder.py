@@ -28,7 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-Encoding = Literal["nope", "learned", "rope", "alibi"]
+from models.positions import Encoding
+
 PositionTarget = Literal["absolute", "delta", "pointer", "pointer_softmax"]
 
 
@@ -80,11 +81,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate the channel pairs (2i, 2i+1) of x [B, H, T, D] by the angles of `rope_cos_sin`."""
     x1, x2 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-
-
-def rope_rotate(x: torch.Tensor, position_ids: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotate pairs of channels of x [B, H, T, D] by angles position_id * base^(-2i/D)."""
-    return apply_rope(x, *rope_cos_sin(position_ids, x.shape[-1], base, x.dtype))
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -380,9 +376,6 @@ class DecoderLM(nn.Module):
         if self.cfg.position_target == "absolute":
             return cls
         return (current_ids + cls - (self.cfg.max_position - 1)).clamp(0, self.cfg.max_position - 1)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 @torch.no_grad()

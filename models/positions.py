@@ -17,13 +17,68 @@ Zhu et al. 2024).
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
+Encoding = Literal["nope", "learned", "rope", "alibi"]
+ENCODINGS: tuple[str, ...] = get_args(Encoding)
 IdScheme = Literal["sequential", "random_shift", "pose", "coupled", "predicted"]
-ID_SCHEMES: tuple[str, ...] = ("sequential", "random_shift", "pose", "coupled", "predicted")
+ID_SCHEMES: tuple[str, ...] = get_args(IdScheme)
 GenerationIds = Literal["sequential", "coupled", "predicted"]
+
+
+@dataclass(frozen=True)
+class PositionalScheme:
+    """A positional scheme, encoding x ids, with the settings that go with them: the one place that
+    knows which ids a model trains and is evaluated with, how generated tokens get theirs, whether
+    the model has a position head, and the largest id a cell needs. The trial config, the training
+    loop, the evaluation and the analyses ask it; nothing else switches on the ids' name."""
+
+    encoding: Encoding = "learned"
+    ids: IdScheme = "sequential"
+    max_position: int = 128
+    shift: bool = True
+    pose_chunks: int = 2
+
+    @property
+    def label(self) -> str:
+        return f"{self.encoding}+{self.ids}"
+
+    @property
+    def uses_task_ids(self) -> bool:
+        """The task's coupled ids (coupled, predicted) rather than 0..T-1 (shifted or skipped)."""
+        return uses_task_ids(self.ids)
+
+    @property
+    def has_position_head(self) -> bool:
+        """PPC: the model also predicts the next token's id."""
+        return self.ids == "predicted"
+
+    @property
+    def generation_modes(self) -> list[GenerationIds]:
+        """How generated tokens get ids at evaluation; the first is the model's own (its score)."""
+        return generation_modes(self.ids)
+
+    @property
+    def own_ids(self) -> GenerationIds:
+        return self.generation_modes[0]
+
+    def training_ids(self, coupled_ids: np.ndarray, seq_len: np.ndarray, rng: np.random.Generator,
+                     fixed_prefix: int = 0) -> np.ndarray:
+        return training_ids(self.ids, coupled_ids, seq_len, self.max_position, rng, self.shift,
+                            self.pose_chunks, fixed_prefix)
+
+    def inference_ids(self, coupled_ids: np.ndarray) -> np.ndarray:
+        return inference_ids(self.ids, coupled_ids)
+
+    def largest_id(self, task, length: int, k: int | None) -> int:
+        """Largest position id the model sees in a cell (length, k) of `task` (it needs
+        max_position > this)."""
+        if self.uses_task_ids:
+            return task.max_position_id(length, k)
+        return task.max_seq_len(length, k) - 1
 
 
 def uses_task_ids(scheme: IdScheme) -> bool:

@@ -17,8 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from study import storage as store
 from study.spec import StudySpec, flatten
+from trial import storage as store
 
 FILE = "study.json"
 # what `--resume` may change: how the remaining trials are run, never what they compute

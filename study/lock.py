@@ -17,7 +17,7 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from study import storage as store
+from trial import storage as store
 
 FILE = "driver.lock"
 

@@ -1,421 +1,90 @@
-"""How sparse is real text? The loss gap L_short - L_long and how much of it k tokens recover.
+"""`python -m study.loss_gap`: the loss-gap analysis (analysis/loss_gap.py) on one trained model.
 
-For a target token t with L_bar tokens of context (after Golowich et al. 2025, Figures 4-5):
-- L_long:             loss on t with all L_bar previous tokens visible;
-- L_short:            only the last L tokens visible;
-- L_short,sparse(k):  the last L tokens plus k chosen earlier tokens J_1..J_k visible.
-Gap recovered(k) = (L_short - L_short,sparse(k)) / (L_short - L_long).
-
-"Visible" is enforced for the whole computation, not only at the target's query: every token keeps
-attending to itself, and no token may attend to a hidden one, so nothing about a hidden token
-reaches the target through another position in a deeper layer. Each visibility pattern is one row
-of a batch (the model's `visible` mask), so the analysis is bounded by model compute.
-
-Choosing the k tokens (`method`):
-- greedy:    add, k times, the earlier token whose unmasking lowers the loss most (k x C rows)
-- gain:      rank earlier tokens by their gain when unmasked alone on top of the short window (C rows)
-- occlusion: rank earlier tokens by the loss when each alone is masked from the full context (C rows)
-- attention: rank earlier tokens by the target query's attention mass in a full-context pass (1 row)
-C = L_bar - L candidates per target. greedy and gain build up from the short window, so they cannot
-find tokens that matter only together (an xor: no one bit of a parity moves its loss); occlusion
-takes them away from the full context one at a time, where each such token matters alone.
-
-Two ways to take a token away (the scorers): `TargetScorer` hides it from attention (the paper's
-truncation); `ResampleScorer` redraws its value inside its task's value class and scores the mixture
-prediction, so the model is ignorant of the value but the sample keeps its structure (study/sparsity.py
-says when each is right).
+The model is a trial checkpoint, an MLflow trial run's checkpoint, or a local Hugging Face folder
+(study/model_source.py). The settings are LossGapSpec's, its defaults where a flag is not given.
+Writes tokens.csv, summary.csv and gap_scatter.png to --out; with --mlflow-run, also logs the
+summary to that run.
 """
 
 from __future__ import annotations
 
-import math
-import time
-import zlib
-from dataclasses import dataclass, field
-from typing import Literal
+import argparse
+import json
+import os
+import sys
 
 import numpy as np
-import pandas as pd
-import torch
-import torch.nn.functional as F
+from pydantic import ValidationError
 
-Method = Literal["greedy", "gain", "occlusion", "attention"]
-
-
-@dataclass
-class GapConfig:
-    long_context: int = 256  # L_bar: tokens before the target
-    short_context: int = 32  # L
-    ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    method: Method = "gain"
-    targets: int = 64  # target tokens (one per sampled window)
-    rows_per_batch: int = 64  # visibility patterns per forward pass
-    min_gap: float = 0.05  # tokens whose L_short - L_long is below this are too flat to count
-    seed: int = 0
-
-    def __post_init__(self):
-        if not 0 < self.short_context < self.long_context:
-            raise ValueError(f"short_context: {self.short_context} must be in (0, long_context={self.long_context})")
-        if not self.ks or min(self.ks) < 1 or max(self.ks) > self.long_context - self.short_context:
-            raise ValueError(f"ks: each k must be in [1, long_context - short_context = "
-                             f"{self.long_context - self.short_context}], got {self.ks}")
+from analysis.loss_gap import HFCausalLM, hf_tokens, plot_gap, run_analysis, sample_windows, summarize_gap
+from study.model_source import add_model_source, checkpoint_of_run
+from trial.analysis_specs import LossGapSpec
+from trial.yaml_io import describe_errors
 
 
-class TargetScorer:
-    """Loss of the last token of a window under many visibility patterns, batched.
-
-    `model(tokens, position_ids, visible=...)` returns logits first (DecoderLM and the Hugging Face
-    adapter both do). Windows have L_bar + 1 tokens: the context and the target.
-    """
-
-    def __init__(self, model, device="cpu", rows_per_batch: int = 64):
-        self.model, self.device, self.rows = model, torch.device(device), rows_per_batch
-
-    @torch.no_grad()
-    def losses(self, window: torch.Tensor, key_masks: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """window [L_bar + 1]; key_masks [V, L_bar] (True = visible); ids [L_bar] the context's
-        position ids (default 0..L_bar-1). Returns the target's loss [V]."""
-        context, target = window[:-1], window[-1]
-        T = context.shape[0]
-        ids = torch.arange(T, device=self.device) if ids is None else ids
-        eye = torch.eye(T, dtype=torch.bool, device=self.device)
-        out = []
-        for chunk in key_masks.split(self.rows):
-            V = chunk.shape[0]
-            visible = chunk[:, None, :] | eye  # every token sees itself; hidden keys stay hidden
-            logits = self.model(context.expand(V, T), ids.expand(V, T), visible=visible)[0][:, -1]
-            out.append(F.cross_entropy(logits.float(), target.expand(V), reduction="none"))
-        return torch.cat(out)
-
-    @torch.no_grad()
-    def attention_mass(self, window: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The target query's attention to each context position, mean over heads, sum over layers."""
-        if hasattr(self.model, "attention_mass"):
-            return self.model.attention_mass(window)
-        attns = [m for m in self.model.modules() if hasattr(m, "record_last_query")]
-        if not attns:
-            raise ValueError("method: attention needs a model that exposes attention (use greedy or gain)")
-        for a in attns:
-            a.record_last_query = True
-        try:
-            context = window[:-1][None]
-            ids = torch.arange(context.shape[1], device=self.device) if ids is None else ids
-            self.model(context, ids[None])
-            return sum(a.last_query_attention[0].mean(0) for a in attns)
-        finally:
-            for a in attns:
-                a.record_last_query, a.last_query_attention = False, None
-
-
-class ResampleScorer(TargetScorer):
-    """Loss of the last token when the tokens not kept are redrawn, `draws` times, uniformly inside
-    their value class (a task's `value_classes`: 0 <-> 1, A <-> B); the loss is that of the mixture
-    prediction, -log mean_r p_r(target). The model sees whole, well-formed samples, so this is
-    ignorance of a value, not absence of a token. Tokens in no class are never redrawn. The redraws
-    depend only on the window and the seed, so every pattern of one window shares them."""
-
-    def __init__(self, model, classes: list[list[int]], vocab_size: int, device="cpu",
-                 rows_per_batch: int = 256, draws: int = 16, seed: int = 0):
-        super().__init__(model, device, rows_per_batch)
-        self.draws, self.seed = draws, seed
-        self.class_of = np.full(vocab_size, -1)
-        for c, members in enumerate(classes):
-            self.class_of[members] = c
-        self.members = [np.asarray(m) for m in classes]
-
-    def resamplable(self, window: torch.Tensor) -> torch.Tensor:
-        """Bool [L_bar]: which context tokens have a class to be redrawn in."""
-        return torch.as_tensor(self.class_of[window[:-1].cpu().numpy()] >= 0, device=self.device)
-
-    def redraws(self, window: torch.Tensor) -> torch.Tensor:
-        context = window[:-1].cpu().numpy()
-        rng = np.random.default_rng([self.seed, zlib.crc32(context.astype(np.int64).tobytes())])
-        out = np.repeat(context[None], self.draws, axis=0)
-        cls = self.class_of[context]
-        for c, members in enumerate(self.members):
-            at = np.flatnonzero(cls == c)
-            out[:, at] = members[rng.integers(0, len(members), size=(self.draws, len(at)))]
-        return torch.as_tensor(out, device=self.device)
-
-    @torch.no_grad()
-    def losses(self, window: torch.Tensor, key_masks: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """key_masks [V, L_bar]: True = the real token, False = redrawn. Returns the loss [V]."""
-        context, target = window[:-1], window[-1]
-        T, R = context.shape[0], self.draws
-        ids = torch.arange(T, device=self.device) if ids is None else ids
-        redraws = self.redraws(window)  # [R, T]
-        out = []
-        for chunk in key_masks.split(max(1, self.rows // R)):
-            tokens = torch.where(chunk[:, None, :], context, redraws[None]).reshape(-1, T)  # [V*R, T]
-            logits = self.model(tokens, ids.expand(tokens.shape[0], T))[0][:, -1].float()
-            p = logits.log_softmax(-1)[:, target].reshape(-1, R)
-            out.append(-(torch.logsumexp(p, dim=1) - math.log(R)))
-        return torch.cat(out)
-
-
-def analyze_window(scorer: TargetScorer, window: torch.Tensor, cfg, ids: torch.Tensor | None = None) -> list[dict]:
-    """All losses for one target (the last token of `window`); one record per k.
-
-    cfg needs short_context (L), ks, method and min_gap; the context is the whole window before the
-    target (L_bar = len(window) - 1), so windows may differ in length. ks beyond the C = L_bar - L
-    candidates are left out."""
-    Lb, L = window.shape[0] - 1, cfg.short_context
-    C = Lb - L  # candidates: positions 0..C-1; the short window is C..Lb-1
-    ks = [k for k in cfg.ks if k <= C]
-    if not ks:
-        return []
-    dev = window.device
-    short = torch.zeros(Lb, dtype=torch.bool, device=dev)
-    short[C:] = True
-    full = torch.ones(Lb, dtype=torch.bool, device=dev)
-    l_long, l_short = scorer.losses(window, torch.stack([full, short]), ids).tolist()
-    kmax = max(ks)
-    eye = torch.eye(C, Lb, dtype=torch.bool, device=dev)  # row j unmasks candidate j
-    if cfg.method == "greedy":
-        chosen: list[int] = []
-        path: list[float] = []
-        current = short.clone()
-        for _ in range(kmax):
-            losses = scorer.losses(window, current | eye, ids)
-            if chosen:
-                losses[chosen] = math.inf
-            j = int(losses.argmin())
-            chosen.append(j)
-            current[j] = True
-            path.append(float(losses[j]))
-        sparse = {k: path[k - 1] for k in ks}
-        order = chosen
-    else:
-        if cfg.method == "gain":
-            score = -scorer.losses(window, short | eye, ids)  # lower loss alone = larger gain
-        elif cfg.method == "occlusion":
-            score = scorer.losses(window, full & ~eye, ids)  # higher loss without it = more needed
-        elif cfg.method == "attention":
-            score = scorer.attention_mass(window, ids)[:C]
-        else:
-            raise ValueError(f"method: unknown {cfg.method!r}; expected greedy, gain, occlusion or attention")
-        order = score.argsort(descending=True, stable=True)[:kmax].tolist()
-        rows = torch.stack([short.clone() for _ in ks])
-        for i, k in enumerate(ks):
-            rows[i, order[:k]] = True
-        sparse = dict(zip(ks, scorer.losses(window, rows, ids).tolist()))
-    gap = l_short - l_long
-    records = []
-    for k in ks:
-        picked = sorted(order[:k])
-        records.append({
-            "k": k, "L_long": l_long, "L_short": l_short, "L_sparse": sparse[k], "gap": gap,
-            "recovered": (l_short - sparse[k]) / gap if gap >= cfg.min_gap else float("nan"),
-            "positions": picked, "distances": [Lb - j for j in picked],  # tokens back from the target
-        })
-    return records
-
-
-def run_analysis(model, windows: np.ndarray, cfg: GapConfig, device="cpu") -> tuple[pd.DataFrame, dict]:
-    """windows [N, L_bar + 1] token ids. Returns per-(target, k) records and timing."""
-    model.eval()
-    scorer = TargetScorer(model, device, cfg.rows_per_batch)
-    rows = []
-    start = time.perf_counter()
-    for n, window in enumerate(torch.as_tensor(windows, device=device)):
-        for rec in analyze_window(scorer, window, cfg):
-            rows.append({"target": n, **rec})
-    seconds = time.perf_counter() - start
-    return pd.DataFrame(rows), {"seconds": seconds, "seconds_per_1k_targets": 1000 * seconds / len(windows)}
-
-
-def summarize_gap(records: pd.DataFrame, min_gap: float) -> pd.DataFrame:
-    """Per k: mean and median gap recovered over tokens with a gap worth counting, how many were
-    counted and how many were too flat (L_short - L_long < min_gap), and the mean losses."""
-    by_k = records.groupby("k")
-    counted = records[records.gap >= min_gap].groupby("k").recovered
-    out = pd.DataFrame({
-        "recovered_mean": counted.mean(),
-        "recovered_median": counted.median(),
-        "tokens_counted": counted.size(),
-        "tokens_flat": records[records.gap < min_gap].groupby("k").size(),
-        "L_long": by_k.L_long.mean(),
-        "L_short": by_k.L_short.mean(),
-        "L_sparse": by_k.L_sparse.mean(),
-    }).reindex(sorted(records.k.unique()))
-    out[["tokens_counted", "tokens_flat"]] = out[["tokens_counted", "tokens_flat"]].fillna(0).astype(int)
-    return out.rename_axis("k").reset_index()
-
-
-def sparse_vs_dense(records: pd.DataFrame, sparse_k: int, min_gap: float) -> dict[str, float]:
-    """Link to length generalization: tokens whose gap k tokens mostly recover ('sparse') against
-    the rest. With L_bar beyond the train length, L_short - L_long is how much a model gains from
-    context it was never trained at; sparse tokens are the ones the theory expects to gain."""
-    at_k = records[(records.k == sparse_k) & (records.gap >= min_gap)]
-    sparse = at_k[at_k.recovered >= 0.5]
-    dense = at_k[at_k.recovered < 0.5]
-    benefit = lambda d: float((d.L_short - d.L_long).mean()) if len(d) else float("nan")  # noqa: E731
-    return {"tokens_sparse": len(sparse), "tokens_dense": len(dense),
-            "long_benefit_sparse": benefit(sparse), "long_benefit_dense": benefit(dense)}
-
-
-def sample_windows(val_tokens: np.ndarray, n: int, length: int, seed: int) -> np.ndarray:
-    """n held-out windows of `length` tokens (context + target) from a token array."""
-    rng = np.random.default_rng([seed, 31337])
-    starts = rng.integers(0, len(val_tokens) - length + 1, size=n)
-    return np.asarray(val_tokens)[starts[:, None] + np.arange(length)].astype(np.int64)
-
-
-def gap_metrics(module, task, spec, seed: int, device) -> tuple[dict, list[dict], list[dict]]:
-    """Run the analysis on a trained LM's held-out text; flat metrics, summary rows, token rows."""
-    cfg = GapConfig(**spec.model_dump(exclude={"sparse_k"}), seed=seed)
-    windows = sample_windows(task.val_tokens, cfg.targets, cfg.long_context + 1, seed)
-    records, timing = run_analysis(module, windows, cfg, device)
-    summary = summarize_gap(records, cfg.min_gap)
-    metrics = {"loss_gap/seconds_per_1k_targets": timing["seconds_per_1k_targets"],
-               "loss_gap/L_long": float(records.L_long.mean()), "loss_gap/L_short": float(records.L_short.mean())}
-    for row in summary.itertuples():
-        metrics[f"loss_gap/recovered_median/k{row.k}"] = float(row.recovered_median)
-        metrics[f"loss_gap/recovered_mean/k{row.k}"] = float(row.recovered_mean)
-        metrics[f"loss_gap/L_sparse/k{row.k}"] = float(row.L_sparse)
-    metrics["loss_gap/tokens_flat"] = int(summary.tokens_flat.iloc[0])
-    metrics.update({f"loss_gap/{k}": v for k, v in sparse_vs_dense(records, spec.sparse_k, cfg.min_gap).items()})
-    token_rows = records.assign(positions=records.positions.map(str), distances=records.distances.map(str))
-    return metrics, summary.to_dict("records"), token_rows.to_dict("records")
-
-
-def plot_gap(records: pd.DataFrame, path: str) -> str:
-    """Figure 4 analogue: loss drop from k tokens against the drop from the whole distant context."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 5))
-    for k, group in records.groupby("k"):
-        ax.scatter(group.L_short - group.L_long, group.L_short - group.L_sparse, s=8, alpha=0.6, label=f"k={k}")
-    lim = max(1e-3, float((records.L_short - records.L_long).abs().max()))
-    ax.plot([-lim, lim], [-lim, lim], color="grey", lw=1, ls=":")
-    ax.set_xlabel("L_short - L_long (whole distant context)")
-    ax.set_ylabel("L_short - L_short,sparse(k) (k tokens)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-class HFCausalLM(torch.nn.Module):
-    """A Hugging Face causal LM behind the DecoderLM call signature (logits first; `visible` as a
-    4D mask), so the same analysis measures a real LLM. `transformers` is an optional extra."""
-
-    def __init__(self, path: str, attention: bool = False):
-        super().__init__()
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager" if attention else None)
-
-    def forward(self, tokens, position_ids, visible=None, cache=None):
-        mask = None
-        if visible is not None:
-            T = tokens.shape[1]
-            mask = (visible & torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril())[:, None]
-        return self.model(input_ids=tokens, position_ids=position_ids, attention_mask=mask).logits, None, None
-
-    @torch.no_grad()
-    def attention_mass(self, window: torch.Tensor) -> torch.Tensor:
-        context = window[:-1][None]
-        out = self.model(input_ids=context, output_attentions=True)
-        return sum(a[0, :, -1].mean(0) for a in out.attentions)
-
-
-def hf_tokens(path: str, text_tokens_fallback: np.ndarray) -> np.ndarray:
-    """Token ids for a Hugging Face model: its tokenizer when the folder has one, else the corpus's
-    byte ids (a byte-level model, e.g. the tiny test model)."""
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        return text_tokens_fallback
-    from tasks.lm import decode_text
-
-    text = decode_text(text_tokens_fallback).replace("<eos>", "\n")
-    return np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
-
-
-def add_model_source(parser, hf_help: str) -> None:
-    """The CLIs' (this one's and study.sparsity's) choice of model: a checkpoint, an MLflow trial
-    run or a Hugging Face folder."""
-    src = parser.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a trial checkpoint folder or bucket URI (holds trial_config.json)")
-    src.add_argument("--mlflow-run", help="an MLflow trial run id (its `checkpoint` tag)")
-    src.add_argument("--hf", help=hf_help)
-    parser.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db")
-
-
-def checkpoint_of_run(uri: str, run_id: str):
-    """(MlflowClient, run id, checkpoint folder) for the CLIs' --mlflow-run: a trial run's
-    `checkpoint` tag (study/tracking.py) is where its model was stored."""
-    from mlflow.tracking import MlflowClient
-
-    from study.preflight import checkpoint_of_run as tagged_checkpoint
-
-    checkpoint = tagged_checkpoint(uri, run_id)  # a ValueError naming --mlflow-run or --mlflow-uri
-    return MlflowClient(uri), run_id, checkpoint
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import json
-    import os
-    import sys
-
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    d = LossGapSpec()
     p = argparse.ArgumentParser(prog="python -m study.loss_gap", description=__doc__.split("\n")[0])
     add_model_source(p, "a local Hugging Face causal-LM folder")
     p.add_argument("--corpus", help="text to analyse (default: the trial's corpus; stdlib for --hf)")
-    p.add_argument("--long-context", type=int, default=256)
-    p.add_argument("--short-context", type=int, default=32)
-    p.add_argument("--ks", default="1,2,4,8")
-    p.add_argument("--method", choices=["greedy", "gain", "occlusion", "attention"], default="gain")
-    p.add_argument("--targets", type=int, default=64)
+    p.add_argument("--long-context", type=int, help=f"L_bar (default {d.long_context})")
+    p.add_argument("--short-context", type=int, help=f"L (default {d.short_context})")
+    p.add_argument("--ks", help=f"comma-separated (default {','.join(map(str, d.ks))})")
+    p.add_argument("--method", choices=list(LossGapSpec.model_fields["method"].annotation.__args__),
+                   help=f"default {d.method}")
+    p.add_argument("--targets", type=int, help=f"default {d.targets}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="loss_gap_out", help="folder for tokens.csv, summary.csv, gap_scatter.png")
-    args = p.parse_args(argv)
-    try:
-        cfg = GapConfig(long_context=args.long_context, short_context=args.short_context,
-                        ks=[int(k) for k in args.ks.split(",")], method=args.method, targets=args.targets,
-                        seed=args.seed)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return p.parse_args(argv)
+
+
+def spec_of(args: argparse.Namespace) -> LossGapSpec:
+    given = {k: v for k, v in vars(args).items() if k in LossGapSpec.model_fields and v is not None}
+    if "ks" in given:
+        given["ks"] = [int(k) for k in given["ks"].split(",")]
+        if "sparse_k" not in given and LossGapSpec().sparse_k not in given["ks"]:
+            given["sparse_k"] = given["ks"][0]  # the CLI reports no sparse/dense split
+    return LossGapSpec(**given)
+
+
+def model_and_tokens(args: argparse.Namespace, spec: LossGapSpec):
+    """(model, held-out text tokens) of the chosen source; a ValueError names the flag."""
     from tasks import get_task
 
-    client = run_id = None
-    if args.mlflow_run:
-        try:
-            client, run_id, args.checkpoint = checkpoint_of_run(args.mlflow_uri, args.mlflow_run)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
     if args.checkpoint:
-        from study.train import load_trained
+        from trial.loop import load_trained
 
         trial, task, model = load_trained(args.checkpoint)
         if args.corpus:
             task = get_task("lm", corpus=args.corpus, train_length=2)
-        if cfg.long_context >= trial.positional.max_position:
-            print(f"error: --long-context {cfg.long_context} is beyond the model's max_position "
-                  f"{trial.positional.max_position}", file=sys.stderr)
-            return 2
-        tokens = task.val_tokens
-    else:
-        task = get_task("lm", corpus=args.corpus or "stdlib", train_length=2)
-        model = HFCausalLM(args.hf, attention=cfg.method == "attention").eval()
-        tokens = hf_tokens(args.hf, np.asarray(task.val_tokens)[: 200 * (cfg.long_context + 1) * cfg.targets])
-    windows = sample_windows(tokens, cfg.targets, cfg.long_context + 1, cfg.seed)
-    records, timing = run_analysis(model, windows, cfg)
-    summary = summarize_gap(records, cfg.min_gap)
+        if spec.long_context >= trial.positional.max_position:
+            raise ValueError(f"--long-context {spec.long_context} is beyond the model's max_position "
+                             f"{trial.positional.max_position}")
+        return model, task.val_tokens
+    task = get_task("lm", corpus=args.corpus or "stdlib", train_length=2)
+    model = HFCausalLM(args.hf, attention=spec.method == "attention").eval()
+    return model, hf_tokens(args.hf, np.asarray(task.val_tokens)[: 200 * (spec.long_context + 1) * spec.targets])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    client = run_id = None
+    try:
+        spec = spec_of(args)
+        if args.mlflow_run:
+            client, run_id, args.checkpoint = checkpoint_of_run(args.mlflow_uri, args.mlflow_run)
+        model, tokens = model_and_tokens(args, spec)
+    except (ValueError, ValidationError) as e:
+        print(f"error: {describe_errors(e)}", file=sys.stderr)
+        return 2
+    windows = sample_windows(tokens, spec.targets, spec.long_context + 1, args.seed)
+    records, timing = run_analysis(model, windows, spec)
+    summary = summarize_gap(records, spec.min_gap)
     os.makedirs(args.out, exist_ok=True)
     records.to_csv(os.path.join(args.out, "tokens.csv"), index=False)
     summary.to_csv(os.path.join(args.out, "summary.csv"), index=False)
     plot_gap(records, os.path.join(args.out, "gap_scatter.png"))
-    print(f"method={cfg.method} L_bar={cfg.long_context} L={cfg.short_context} targets={cfg.targets} "
+    print(f"method={spec.method} L_bar={spec.long_context} L={spec.short_context} targets={spec.targets} "
           f"({timing['seconds_per_1k_targets']:.1f} s per 1000 targets)")
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if client is not None:
@@ -423,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             client.log_metric(run_id, f"loss_gap/recovered_median/k{row.k}", float(row.recovered_median))
             client.log_metric(run_id, f"loss_gap/recovered_mean/k{row.k}", float(row.recovered_mean))
         client.log_artifacts(run_id, args.out, "loss_gap")
-        client.set_tag(run_id, "loss_gap.method", cfg.method)
+        client.set_tag(run_id, "loss_gap.method", spec.method)
     print(json.dumps({"out": args.out}))
     return 0
 

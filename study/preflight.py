@@ -12,6 +12,8 @@ left behind (a probe folder made to test that a folder is writable is removed ag
   (`ray_address`); anything else must accept a TCP connection within a few seconds, before Ray
   starts (a `ray.init` against nothing hangs for a minute and then fails in a traceback).
 - `--cluster`: one YAML mapping with `available_node_types`, each a mapping with numeric resources.
+- A study on a cluster whose MLflow record is a SQLite file (the default) is warned, not refused:
+  the file is beside the driver, on the head node, and goes away with it (`ephemeral_record`).
 - Any YAML read here or by `study.spec.load_spec`: aliases may not expand beyond MAX_YAML_EXPANSION
   values (an alias bomb of a few hundred bytes would otherwise expand to billions).
 
@@ -26,12 +28,11 @@ import socket
 import tempfile
 from urllib.parse import urlsplit
 
-from study import storage as store
+from trial import storage as store
+from trial.yaml_io import YamlBomb, check_yaml_expansion
 
 CONNECT_TIMEOUT_S = 3.0  # a TCP connect to the Ray cluster's GCS / client server
 HTTP_TIMEOUT_S = 5.0  # a tracking server's answer to one REST call
-MAX_YAML_DEPTH = 200  # nesting beyond which this check stops (study/config.py refuses 60 levels)
-MAX_YAML_EXPANSION = 100_000  # values a YAML file may hold once its aliases are expanded
 LOCAL_SPELLINGS = {"local", ""}  # Ray's own `address="local"`; RAY_ADDRESS="" is no address
 ENV_HINT = {
     "s3": "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment, a profile, or the nodes' instance role",
@@ -40,50 +41,7 @@ ENV_HINT = {
 }
 
 
-class YamlBomb(ValueError):
-    """A YAML file whose aliases expand to more values than MAX_YAML_EXPANSION."""
-
-
 # --- YAML ------------------------------------------------------------------------------------------
-def check_yaml_expansion(path: str, limit: int = MAX_YAML_EXPANSION) -> None:
-    """Raise YamlBomb (`file:line:column: ...`) if the aliases of the YAML at `path` expand to more
-    than `limit` values. Reads events only: nothing is expanded or constructed, and a file that is
-    not YAML is left to the loader to report."""
-    import yaml
-
-    sizes: dict[str, int] = {}  # anchor -> values under it, aliases expanded
-    stack: list[list] = []  # open collections: [values so far, anchor]
-    total, aliases = 0, False
-    with open(path, "rb") as f:
-        try:
-            for event in yaml.parse(f, Loader=yaml.SafeLoader):
-                if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-                    if len(stack) >= MAX_YAML_DEPTH:
-                        return  # the loaders refuse this depth themselves, naming the key
-                    stack.append([1, event.anchor])
-                    continue
-                if isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-                    size, anchor = stack.pop()
-                elif isinstance(event, yaml.ScalarEvent):
-                    size, anchor = 1, event.anchor
-                elif isinstance(event, yaml.AliasEvent):
-                    size, anchor, aliases = sizes.get(event.anchor, 1), None, True
-                else:
-                    continue
-                if anchor is not None:
-                    sizes[anchor] = size
-                if stack:
-                    stack[-1][0] += size
-                else:
-                    total += size
-                if aliases and (total + sum(s for s, _ in stack)) > limit:
-                    mark = event.start_mark
-                    raise YamlBomb(f"{path}:{mark.line + 1}:{mark.column + 1}: its aliases expand to more "
-                                   f"than {limit} values (a YAML alias bomb?); write the values out instead")
-        except yaml.YAMLError:
-            return
-
-
 def load_yaml_mapping(path: str, flag: str) -> tuple[dict | None, str | None]:
     """(the mapping, None) or (None, an error naming `flag`) for a YAML file given on the command line."""
     import yaml
@@ -281,9 +239,9 @@ def check_address(flag_value: str | None, network: bool = True) -> str | None:
     target = address
     if address.lower() == "auto":
         try:
-            from ray._private.services import get_ray_address_from_environment
+            from study.ray_compat import ray_address_from_environment
 
-            target = get_ray_address_from_environment("auto", None)
+            target = ray_address_from_environment()
         except Exception as e:  # noqa: BLE001 - Ray says why in its own words; no traceback for the user
             return f"{flag}: auto: no running Ray cluster found on this machine ({' '.join(str(e).split())[:200]})"
         if not target:
@@ -326,26 +284,35 @@ def check_flags(args) -> str | None:
     return check_address(args.address, network)
 
 
-def checkpoint_of_run(uri: str, run_id: str) -> str:
-    """The `checkpoint` tag of an MLflow trial run, for the analysis CLIs' `--mlflow-run`; a run that
-    does not exist, a tracking store that cannot be read, or a run without the tag is a ValueError
-    naming the flag (their `main` prints it and exits 2)."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+# --- a record that outlives the cluster -------------------------------------------------------------
+def ephemeral_record(mlflow_uri: str | None, address: str | None, storage: str) -> str | None:
+    """Why the study's MLflow record will not outlive the cluster it runs on, or None. `address` is
+    run.py's (None: the embedded Ray, where the record stays on this machine with its user). On a
+    cluster (`ray job submit` sets RAY_ADDRESS, or `--address`) the driver runs on the head node, and
+    a SQLite record, the default included, is a file there: the runs, params and metrics go away with
+    the node (`ray down`, a replaced head), even where the artifacts are in a bucket."""
+    if address is None:
+        return None
+    if mlflow_uri is None:  # run.py's default: beside the driver; for a bucket, in ./studies
+        folder = os.path.abspath("studies") if store.is_uri(storage) else storage
+        given = f"by default sqlite:///{os.path.join(folder, 'mlflow.db')}"
+    elif mlflow_uri.lower().startswith("sqlite:"):
+        given = mlflow_uri
+    else:
+        return None  # a tracking server or a database of its own, which can outlive the cluster
+    return (f"--mlflow-uri: the study's MLflow record is a SQLite file beside the driver ({given}); on a "
+            "cluster that is the head node, and the record goes away with it (unless that path is on a "
+            "filesystem that outlives the node). Point --mlflow-uri at a tracking server that outlives the "
+            "cluster: `mlflow server --backend-store-uri postgresql+psycopg2://mlflow@DB-HOST:5432/mlflow "
+            "--artifacts-destination s3://YOUR-BUCKET/mlflow` on a VM of its own or with a managed "
+            "PostgreSQL, then --mlflow-uri http://MLFLOW-HOST:5000 (README.md, \"Run on a cluster\")")
 
-    problem = check_mlflow_uri(uri)
-    if not problem and uri.lower().startswith("sqlite:///"):  # MLflow would create an empty one
-        path = os.path.abspath(uri.partition(":///")[2])
-        if not os.path.isfile(path):
-            problem = f"--mlflow-uri: {uri}: no MLflow database at {path}"
-    if problem:
-        raise ValueError(problem)
-    try:
-        run = MlflowClient(uri).get_run(run_id)
-    except MlflowException as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"--mlflow-run: no run {run_id!r} in {store.redact(uri)} ({first})") from None
-    checkpoint = run.data.tags.get("checkpoint")
-    if not checkpoint:
-        raise ValueError(f"--mlflow-run: run {run_id} has no `checkpoint` tag (not a trial run of a study?)")
-    return checkpoint
+
+def warn_ephemeral_record(mlflow_uri: str | None, address: str | None, storage: str) -> str | None:
+    """Print ephemeral_record's warning (stderr, `warning: ...`) if there is one; return it."""
+    import sys
+
+    warning = ephemeral_record(mlflow_uri, address, storage)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return warning

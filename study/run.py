@@ -2,7 +2,7 @@
 
 On a laptop it starts an embedded local Ray of its own (never another Ray running on the machine;
 everything it starts listens on 127.0.0.1 only) and records to `sqlite:///<storage>/mlflow.db`
-(`sqlite:///./studies/mlflow.db` when the storage is a bucket: `s3://...`, `gs://...`, study/storage.py);
+(`sqlite:///./studies/mlflow.db` when the storage is a bucket: `s3://...`, `gs://...`, trial/storage.py);
 with `--address` or RAY_ADDRESS (set by `ray job submit --working-dir . -- python study/run.py ...`)
 it joins that cluster. The whole study is one Tune experiment (`<storage>/<study name>/tune`), so
 `--resume` continues it: finished trials are not rerun, searches and schedulers are restored,
@@ -38,7 +38,7 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, stopped the same way
 # `ray.init(_node_ip_address="127.0.0.1")` is turned back into the LAN IP. This switch
 # (ray_constants.ENABLE_RAY_CLUSTER, off by default on macOS and Windows: a local-only Ray) makes it
 # loopback; Ray reads it when imported and every Ray process inherits it, so it is set before ray is
-# imported, for the embedded Ray only. Process groups: study/session.py (the one-rank group) and
+# imported, for the embedded Ray only. Process groups: trial/session.py (the one-rank group) and
 # start_ray in study/tuning.py (gloo and NCCL of N-worker trials on the loopback interface). Not
 # bindable through Ray or torch: the TCPStore of an N-worker Ray Train trial (rank 0's torch c10d
 # store listens on every interface whatever MASTER_ADDR says, and TorchConfig offers only env:// and
@@ -99,9 +99,7 @@ def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking
     from mlflow.tracking import MlflowClient
 
     from study.report import summary_lines
-    from study.tracking import runs_link
-
-    from study.tracking import RECORDING_ERRORS
+    from study.tracking import RECORDING_ERRORS, runs_link
 
     lines = summary_lines(spec, selected, summary) + ["files:"] + [f"  {f}" for f in files]
     try:
@@ -168,119 +166,48 @@ def local_shortfall(spec: StudySpec) -> str | None:
     return None
 
 
+class Exit(Exception):
+    """Stop main with this exit code, after printing `message` (an `error: ...` line) to stderr."""
+
+    def __init__(self, code: int, message: str | None = None):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from study import preflight
-
-    problem = preflight.check_flags(args)  # flags and environment, before anything is read or written
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    from study.config import InputFileError, describe_errors
-
     try:
-        spec = load_spec(args.space)
-    except (OSError, ValueError) as e:  # checked before anything is written under --storage
-        where = "" if isinstance(e, InputFileError) else f"{args.space}: "  # it names file:line:col
-        print(f"error: {where}{describe_errors(e)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    from study import storage as store
+        return _main(args)
+    except Exit as e:
+        if e.message:
+            print(e.message, file=sys.stderr)
+        return e.code
 
+
+def _main(args) -> int:
+    from study import preflight
+    from trial import storage as store
+
+    spec = _checked_spec(args)
     address = preflight.ray_address(args.address)  # None: the embedded Ray (`local` in any spelling)
     storage = store.absolute(args.storage)
+    preflight.warn_ephemeral_record(args.mlflow_uri, address, storage)  # SQLite on a cluster: on its head
     study_dir = store.join(storage, spec.name)
-    tune_dir = store.join(study_dir, "tune")
     concurrency = default_concurrency(spec, cluster_cpus(address))
     if args.dry_run:
-        from study.tuning import build_search
-
-        build_search(spec, spec.resources.model_dump())  # what Tune would be given, built (no Ray started)
-        lines = plan_lines(spec, concurrency)
-        if args.cluster:
-            try:
-                lines[5:5] = placement_lines(spec, args.cluster, concurrency)
-            except OSError as e:
-                print(f"error: --cluster: {e}", file=sys.stderr)
-                return EXIT_BAD_INPUT
-        print("\n".join(lines))
-        return 0
-    shortfall = None if address else local_shortfall(spec)
-    if shortfall:
-        print(f"error: {args.space}: {shortfall}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    try:  # an unreachable or unauthorised bucket stops here, before any trial (a folder: made later)
-        if store.is_uri(storage):
-            store.check_writable(storage)
-        found = store.exists(tune_dir)
-    except store.StorageError as e:
-        print(f"error: --storage: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if found and not args.resume:
-        print(f"error: study {spec.name!r} already exists in {study_dir}; pass --resume to continue it, "
-              "or choose another --storage or name", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    if args.resume and not found:
-        print(f"error: --resume: no study {spec.name!r} in {study_dir}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    from study import identity as ident
-
-    stored = ident.read(study_dir) if args.resume else None
-    if stored is not None:  # the restored search holds the stored spec: a resume must run that one
-        changed = ident.changed_fields(stored.spec, spec)
-        if changed:
-            print(f"error: --resume: {args.space} differs from the spec study {spec.name!r} started with "
-                  f"({store.join(study_dir, ident.FILE)}) in: {', '.join(changed)}. A resume may change only "
-                  f"{', '.join(ident.RESUMABLE_CHANGES)}; for anything else start a new study (another name "
-                  "or --storage)", file=sys.stderr)
-            return EXIT_BAD_INPUT
-    elif args.resume:
-        print(f"note: study {spec.name!r} was made before study ids: its spec is not checked against the one "
-              "it started with, and its MLflow parent is found by name", flush=True)
+        return _dry_run(args, spec, concurrency)
+    stored = _checked_study_folder(args, spec, storage, study_dir, address)
     if not address:
-        from study.session import StaleBuildLock, check_build_locks
+        from trial.session import StaleBuildLock, check_build_locks
 
         try:  # the trials would hang on it (on a cluster each trial checks its own node)
             check_build_locks()
         except StaleBuildLock as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+            raise Exit(1, f"error: {e}") from None
         os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
-    from study.tuning import run_study
-
-    if store.is_uri(storage):  # a SQLite store cannot live in a bucket: beside the driver, artifacts in the bucket
-        local_db = os.path.abspath("studies")
-        os.makedirs(local_db, exist_ok=True)
-        tracking_uri = args.mlflow_uri or f"sqlite:///{local_db}/mlflow.db"
-    else:
-        os.makedirs(study_dir, exist_ok=True)
-        tracking_uri = args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
-    from study.lock import StudyLocked, driver_lock
-
-    try:
-        with driver_lock(study_dir):
-            identity = stored if args.resume else ident.create(spec, study_dir)
-            print("\n".join(plan_lines(spec, concurrency)), flush=True)
-            selected, summary, files, failed, unrecorded = run_study(
-                spec, study_dir, tracking_uri, address, concurrency, args.resume, args.verbose, identity)
-    except StudyLocked as e:  # before anything of the study was touched
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except store.StorageError as e:  # the storage stopped answering (study/snapshots.py): stopped, resumable
-        print(f"error: --storage: {e}. Study {spec.name!r} stopped: the trials it finished are kept, the "
-              "others continue from their last checkpoint; continue it with --resume once the storage "
-              "answers", file=sys.stderr)
-        return 1
-    except Exception as e:  # a full disk surfaces anywhere (Tune, DeepSpeed, MLflow): say so, not how
-        full = store.disk_full(study_dir, e)
-        if not full:
-            raise
-        print(f"error: --storage: {full}. Study {spec.name!r} stopped; what other studies recorded there is "
-              "untouched. Free space, then continue it with --resume", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as e:  # the study's MLflow run is KILLED and nothing was reported
-        from study.tuning import Terminated
-
-        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+    tracking_uri = _tracking_uri(args, storage, study_dir)
+    selected, summary, files, failed, unrecorded = _run_locked(args, spec, study_dir, tracking_uri, address,
+                                                               concurrency, stored)
     print("\n".join(closing_lines(spec, selected, summary, files, tracking_uri)))
     chosen = set(selected["cell"]) if "cell" in selected else set()
     unselected = [c.label for c in spec.cells() if c.label not in chosen]
@@ -293,6 +220,112 @@ def main(argv=None) -> int:
     lines += [f"  cell {label}: no trial finished, nothing selected" for label in unselected]
     print("\n".join(lines), file=sys.stderr)
     return 1
+
+
+def _checked_spec(args) -> StudySpec:
+    """The flags, the environment and the spec, checked before anything is read or written."""
+    from study import preflight
+    from trial.yaml_io import InputFileError, describe_errors
+
+    problem = preflight.check_flags(args)
+    if problem:
+        raise Exit(EXIT_BAD_INPUT, f"error: {problem}")
+    try:
+        return load_spec(args.space)
+    except (OSError, ValueError) as e:  # checked before anything is written under --storage
+        where = "" if isinstance(e, InputFileError) else f"{args.space}: "  # it names file:line:col
+        raise Exit(EXIT_BAD_INPUT, f"error: {where}{describe_errors(e)}") from None
+
+
+def _dry_run(args, spec: StudySpec, concurrency: int | None) -> int:
+    from study.tuning import build_search
+
+    build_search(spec, spec.resources.model_dump())  # what Tune would be given, built (no Ray started)
+    lines = plan_lines(spec, concurrency)
+    if args.cluster:
+        try:
+            lines[5:5] = placement_lines(spec, args.cluster, concurrency)
+        except OSError as e:
+            raise Exit(EXIT_BAD_INPUT, f"error: --cluster: {e}") from None
+    print("\n".join(lines))
+    return 0
+
+
+def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, address: str | None):
+    """Whether this study may start (or resume) here; returns its stored identity on --resume (None
+    for a study made before study ids, or a new study)."""
+    from study import identity as ident
+    from trial import storage as store
+
+    shortfall = None if address else local_shortfall(spec)
+    if shortfall:
+        raise Exit(EXIT_BAD_INPUT, f"error: {args.space}: {shortfall}")
+    try:  # an unreachable or unauthorised bucket stops here, before any trial (a folder: made later)
+        if store.is_uri(storage):
+            store.check_writable(storage)
+        found = store.exists(store.join(study_dir, "tune"))
+    except store.StorageError as e:
+        raise Exit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
+    if found and not args.resume:
+        raise Exit(EXIT_BAD_INPUT, f"error: study {spec.name!r} already exists in {study_dir}; pass --resume to "
+                                   "continue it, or choose another --storage or name")
+    if args.resume and not found:
+        raise Exit(EXIT_BAD_INPUT, f"error: --resume: no study {spec.name!r} in {study_dir}")
+    stored = ident.read(study_dir) if args.resume else None
+    if stored is not None:  # the restored search holds the stored spec: a resume must run that one
+        changed = ident.changed_fields(stored.spec, spec)
+        if changed:
+            raise Exit(EXIT_BAD_INPUT, f"error: --resume: {args.space} differs from the spec study {spec.name!r} "
+                       f"started with ({store.join(study_dir, ident.FILE)}) in: {', '.join(changed)}. A resume "
+                       f"may change only {', '.join(ident.RESUMABLE_CHANGES)}; for anything else start a new "
+                       "study (another name or --storage)")
+    elif args.resume:
+        print(f"note: study {spec.name!r} was made before study ids: its spec is not checked against the one "
+              "it started with, and its MLflow parent is found by name", flush=True)
+    return stored
+
+
+def _tracking_uri(args, storage: str, study_dir: str) -> str:
+    """--mlflow-uri, else a SQLite file: in the storage folder, or beside the driver for a bucket
+    (a SQLite store cannot live in a bucket; the artifacts go to the bucket)."""
+    from trial import storage as store
+
+    if store.is_uri(storage):
+        local_db = os.path.abspath("studies")
+        os.makedirs(local_db, exist_ok=True)
+        return args.mlflow_uri or f"sqlite:///{local_db}/mlflow.db"
+    os.makedirs(study_dir, exist_ok=True)
+    return args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
+
+
+def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
+                concurrency: int | None, stored):
+    """run_study under the study's driver lock; each way a study stops early becomes an Exit."""
+    from study import identity as ident
+    from study.lock import StudyLocked, driver_lock
+    from study.tuning import Terminated, run_study
+    from trial import storage as store
+
+    try:
+        with driver_lock(study_dir):
+            identity = stored if args.resume else ident.create(spec, study_dir)
+            print("\n".join(plan_lines(spec, concurrency)), flush=True)
+            return run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume, args.verbose,
+                             identity)
+    except StudyLocked as e:  # before anything of the study was touched
+        raise Exit(EXIT_BAD_INPUT, f"error: {e}") from None
+    except store.StorageError as e:  # the storage stopped answering (study/snapshots.py): stopped, resumable
+        raise Exit(1, f"error: --storage: {e}. Study {spec.name!r} stopped: the trials it finished are kept, the "
+                      "others continue from their last checkpoint; continue it with --resume once the storage "
+                      "answers") from None
+    except KeyboardInterrupt as e:  # the study's MLflow run is KILLED and nothing was reported
+        raise Exit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED) from None
+    except Exception as e:  # a full disk surfaces anywhere (Tune, DeepSpeed, MLflow): say so, not how
+        full = store.disk_full(study_dir, e)
+        if not full:
+            raise
+        raise Exit(1, f"error: --storage: {full}. Study {spec.name!r} stopped; what other studies recorded there "
+                      "is untouched. Free space, then continue it with --resume") from None
 
 
 if __name__ == "__main__":

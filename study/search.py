@@ -198,8 +198,8 @@ class CellASHA(FIFOScheduler):
 
 def reports_of(trial_config: dict) -> int:
     """How many times a trial reports: at every eval.every_steps before the last step, then once at
-    the end (study/train.py)."""
-    from study.config import TrialConfig
+    the end (trial/loop.py)."""
+    from trial.config import TrialConfig
 
     cfg = TrialConfig.model_validate(trial_config)
     return -(-cfg.optim.steps // cfg.eval.every_steps)

@@ -22,7 +22,7 @@ forced, waited snapshot leaves in storage change.
 
 A storage that stops answering (a bucket unreachable) is watched from the same wrap: a snapshot that
 cannot be read back, or a probe (a HEAD of the experiment state, when nothing was read back for
-PROBE_S), starts the clock; the trials wait for it (study/trial.py), and once it has not answered for
+PROBE_S), starts the clock; the trials wait for it (study/ray_trial.py), and once it has not answered for
 STUDY_STORAGE_WAIT_S the controller stops the study as Ctrl-C does.
 
 A snapshot is several objects (the trials' states, the searcher's, the callbacks'), uploaded one by
@@ -38,7 +38,6 @@ records as finished is finished in MLflow too, and the others continue from the 
 from __future__ import annotations
 
 import base64
-import inspect
 import json
 import logging
 import re
@@ -49,7 +48,8 @@ from typing import Iterator, Protocol
 
 import pyarrow.fs as pafs
 
-from study import storage as store
+from study import ray_compat
+from trial import storage as store
 
 # a backstop only: the events above are what resume needs (Tune's own default is "auto", >= 10 s)
 BACKSTOP_PERIOD_S = "900"
@@ -107,7 +107,7 @@ class _StorageNoise(logging.Filter):
     stopped for its storage as if by Ctrl-C ("the most recent state was saved"): the watch says what
     happened, once, with the URI."""
 
-    LOGGERS = ("ray.tune.execution.experiment_state", "ray.train._internal.storage", "ray.tune.tune")
+    LOGGERS = ray_compat.STORAGE_LOGGERS
     STOPPED = ("Stop signal received", "Experiment has been interrupted")
 
     def __init__(self, watch: StorageWatch):
@@ -129,49 +129,35 @@ def snapshots_on_events(listener: SnapshotListener) -> Iterator[StorageWatch]:
     every step in which `listener.snapshot_due()`, and calls `listener.on_snapshot()` after every
     snapshot it waited for. Yields the storage's watch: its `lost` is set when the study was stopped
     because the storage did not answer."""
-    from ray.train._internal import checkpoint_manager
-    from ray.tune.execution.tune_controller import TuneController
-
-    original = TuneController.checkpoint
-    if list(inspect.signature(original).parameters) != ["self", "force", "wait"]:
-        raise RuntimeError("ray.tune's TuneController.checkpoint(force, wait) changed; "
-                           "study/snapshots.py must follow it")
-    # Private API too: Tune deletes a trial's checkpoints beyond num_to_keep through this function, as
-    # the driver takes a trial's report; a storage that did not answer then raised out of the
-    # controller's loop (the study ended in a traceback). A checkpoint left behind is only unused.
-    delete = checkpoint_manager._delete_fs_path
-    if list(inspect.signature(delete).parameters) != ["fs", "fs_path"]:
-        raise RuntimeError("ray.train's checkpoint_manager._delete_fs_path(fs, fs_path) changed; "
-                           "study/snapshots.py must follow it")
     watch = StorageWatch()
     stopping: list[bool] = []
 
-    def checkpoint(self, force: bool = False, wait: bool = False):
-        due = listener.snapshot_due()
-        try:
-            original(self, force=force or due, wait=wait or due)
-        finally:
-            # Tune logs a failed upload and goes on: only a state read back from storage counts, and
-            # until one does, `due` stays true and every controller step tries again
-            if due or (force and wait):
-                if in_storage(self, watch) and mark_complete(self, watch):
-                    listener.on_snapshot()
-            elif watch.probe_due():
-                probe(self, watch)
-            if watch.lost and not (force and wait) and not stopping:  # not in Tune's final save
-                stopping.append(True)
-                signal.raise_signal(signal.SIGINT)  # Tune's own stop, as on Ctrl-C
+    def wrap(original):
+        def checkpoint(self, force: bool = False, wait: bool = False):
+            due = listener.snapshot_due()
+            try:
+                original(self, force=force or due, wait=wait or due)
+            finally:
+                # Tune logs a failed upload and goes on: only a state read back from storage counts, and
+                # until one does, `due` stays true and every controller step tries again
+                if due or (force and wait):
+                    if in_storage(self, watch) and mark_complete(self, watch):
+                        listener.on_snapshot()
+                elif watch.probe_due():
+                    probe(self, watch)
+                if watch.lost and not (force and wait) and not stopping:  # not in Tune's final save
+                    stopping.append(True)
+                    signal.raise_signal(signal.SIGINT)  # Tune's own stop, as on Ctrl-C
+        return checkpoint
 
     quiet = _StorageNoise(watch)
     for name in quiet.LOGGERS:
         logging.getLogger(name).addFilter(quiet)
-    checkpoint_manager._delete_fs_path = _delete_or_leave
-    TuneController.checkpoint = checkpoint
     try:
-        yield watch
+        # a checkpoint the storage cannot delete now is left behind (only unused), not raised
+        with ray_compat.checkpoint_deletion_replaced(_delete_or_leave), ray_compat.controller_checkpoint_wrapped(wrap):
+            yield watch
     finally:
-        TuneController.checkpoint = original
-        checkpoint_manager._delete_fs_path = delete
         for name in quiet.LOGGERS:
             logging.getLogger(name).removeFilter(quiet)
 
@@ -188,19 +174,8 @@ def _delete_or_leave(fs, fs_path: str) -> None:
         _warn(f"{store.uri_of(fs, fs_path)} was not deleted ({store.first_line(e)}); it stays, unused")
 
 
-def _state_paths(controller) -> tuple[str, str]:
-    """(the state file staged locally, where it is in storage). Private API, like the wrap above: the
-    controller's `_storage` (a StorageContext) and `experiment_state_file_name`; tests/test_snapshots.py
-    fails if they change."""
-    from pathlib import Path
-
-    name = controller.experiment_state_file_name
-    return (str(Path(controller._storage.experiment_driver_staging_path, name)),
-            f"{controller._storage.experiment_fs_path}/{name}")
-
-
 def _uri(controller) -> str:
-    return store.uri_of(controller._storage.storage_filesystem, controller._storage.experiment_fs_path)
+    return store.uri_of(ray_compat.controller_storage(controller).storage_filesystem, ray_compat.controller_storage(controller).experiment_fs_path)
 
 
 def in_storage(controller, watch: StorageWatch | None = None) -> bool:
@@ -208,9 +183,9 @@ def in_storage(controller, watch: StorageWatch | None = None) -> bool:
     byte."""
     from pathlib import Path
 
-    staged, remote = _state_paths(controller)
+    staged, remote = ray_compat.experiment_state_paths(controller)
     try:
-        with controller._storage.storage_filesystem.open_input_stream(remote) as f:
+        with ray_compat.controller_storage(controller).storage_filesystem.open_input_stream(remote) as f:
             stored = f.read()
     except OSError as e:
         if watch is not None and not isinstance(e, FileNotFoundError):
@@ -232,7 +207,7 @@ def mark_complete(controller, watch: StorageWatch) -> bool:
     the driver's staging folder (what Tune uploaded); False if the storage did not take it."""
     from pathlib import Path
 
-    staged, _ = _state_paths(controller)
+    staged, _ = ray_compat.experiment_state_paths(controller)
     session = STATE_FILE.match(Path(staged).name)
     if session is None:
         raise RuntimeError(f"ray.tune's experiment state file {Path(staged).name} is not named as "
@@ -283,7 +258,7 @@ def restore_complete_snapshot(tune_dir: str) -> list[str]:
 def probe(controller, watch: StorageWatch) -> None:
     """One HEAD of the experiment state in storage: does the storage answer?"""
     try:
-        controller._storage.storage_filesystem.get_file_info(_state_paths(controller)[1])
+        ray_compat.controller_storage(controller).storage_filesystem.get_file_info(ray_compat.experiment_state_paths(controller)[1])
     except OSError as e:
         watch.failed(_uri(controller), e)
     else:

@@ -4,7 +4,7 @@
 - `search`: nuisance hyperparameters, searched by Optuna inside every cell (or `none`).
 - `objective`: what selects and early-stops: in-distribution validation unless the spec says
   `extrapolation: true`.
-Keys of `grid` and `search.params` are dotted paths into the trial config (study/config.py), e.g.
+Keys of `grid` and `search.params` are dotted paths into the trial config (trial/config.py), e.g.
 `task.params.train_k`, `optim.lr`, or `positional` (a whole group, given as a mapping).
 Every trial config the study can produce is validated when the spec is loaded: each cell with
 every `choice` value and both ends of every range of the search, so a typo in a path, an unknown
@@ -27,11 +27,12 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from study.config import (
-    MAX_SEED, Strict, TaskSpec, TrialConfig, describe_errors, load_yaml, refuse_non_finite,
-    selectable_metrics)
+from trial import metrics
+from trial.config import TaskSpec, TrialConfig, selectable_metrics
+from trial.limits import MAX_SEED, Strict, refuse_non_finite
+from trial.yaml_io import describe_errors, load_yaml
 
-EXTRAPOLATION_METRICS = ("acc_beyond", "exact_beyond")
+EXTRAPOLATION_METRICS = metrics.EXTRAPOLATION
 KINDS = ("loguniform", "uniform", "int", "choice")
 # names of what a study's storage holds besides the studies' folders (lower case: a case-insensitive
 # filesystem mixes MLflow.db and mlflow.db up); `<name>-...` too (SQLite's -journal, -wal, -shm)
@@ -320,7 +321,7 @@ class StudySpec(Strict):
         cfg = copy.deepcopy(self.base)
         cfg["task"] = self.task.model_dump()
         for path, value in {**cell.factors, **params}.items():
-            _set_path(cfg, path, value)
+            set_path(cfg, path, value)
         ds = cfg.setdefault("deepspeed", {})
         if isinstance(ds, dict):  # anything else is refused by TrialConfig
             ds.setdefault("zero_stage", self.resources.zero_stage)
@@ -376,7 +377,7 @@ def _get_path(cfg: TrialConfig, path: str) -> Any:
     return node
 
 
-def _set_path(cfg: dict, path: str, value: Any) -> None:
+def set_path(cfg: dict, path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     node = cfg
     for p in parents:

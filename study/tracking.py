@@ -15,14 +15,12 @@ has MLflow's source tags (entry point, git commit).
 
 from __future__ import annotations
 
-import io
-import math
-import os
-import time
-
 import collections
 import functools
+import math
+import os
 import sys
+import time
 
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
@@ -31,8 +29,9 @@ from ray.tune import Callback
 
 from study.identity import StudyIdentity
 from study.spec import StudySpec, flat_params
-from study.storage import first_line as _first_line
-from study.storage import uri_of
+from study.trial_record import extrapolation_metrics, is_metric, log_final_artifacts
+from trial.storage import first_line as _first_line
+from trial.storage import uri_of
 
 PARENT_TAG = "study.parent"
 TRIAL_TAG = "tune.trial_id"
@@ -260,78 +259,16 @@ class StudyTracker(Callback):
             return
         step = int(result.get("step", result.get("training_iteration", 0)))
         now = int(time.time() * 1000)
-        metrics = [
-            Metric(k, float(v), now, step)
-            for k, v in result.items()
-            if _is_metric(k, v)
-        ]
+        metrics = [Metric(k, float(v), now, step) for k, v in result.items() if is_metric(k, v)]
         scheduled_at, first_step_at = trial.config.get("scheduled_at", 0), result.get("startup/first_step_at")
         if first_step_at and scheduled_at > self.session_start and self.starts.get(trial.trial_id) == 1:
             # the whole start-up of a trial's first attempt: Ray's actor, the Ray Train workers, the loop's
             metrics.append(Metric("startup/from_schedule_s", first_step_at - scheduled_at, now, step))
-        records = result.get("eval_records")
-        if records:
-            metrics += self._extrapolation_metrics(records, now)
-            self.client.log_text(run_id, _records_csv(records), "eval/records.csv")
-            self._log_trial_plot(run_id, records, trial.config["trial"])
-        if result.get("loss_gap_records"):
-            self._log_loss_gap(run_id, result["loss_gap_summary"], result["loss_gap_records"])
-        if result.get("sparsity_targets"):
-            self._log_sparsity(run_id, result["sparsity_targets"], trial.config["trial"])
+        if result.get("eval_records"):
+            metrics += extrapolation_metrics(result["eval_records"], now)
+        log_final_artifacts(self.client, run_id, result, trial.config["trial"])
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
-
-    def _log_trial_plot(self, run_id: str, records: list[dict], trial_config: dict) -> None:
-        import tempfile
-
-        from study.report import plot_trial, train_sizes
-
-        train_length, _ = train_sizes(trial_config["task"])
-        with tempfile.TemporaryDirectory() as tmp:  # at the root: the compare view shows common artifacts
-            self.client.log_artifact(run_id, plot_trial(records, train_length, f"{tmp}/accuracy_vs_length.png"))
-
-    def _log_loss_gap(self, run_id: str, summary: list[dict], records: list[dict]) -> None:
-        import tempfile
-
-        import pandas as pd
-
-        from study.loss_gap import plot_gap
-
-        self.client.log_text(run_id, _records_csv(summary), "loss_gap/summary.csv")
-        self.client.log_text(run_id, _records_csv(records), "loss_gap/tokens.csv")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = plot_gap(pd.DataFrame(records), f"{tmp}/gap_scatter.png")
-            self.client.log_artifact(run_id, path, "loss_gap")
-
-    def _log_sparsity(self, run_id: str, rows: list[dict], trial_config: dict) -> None:
-        import tempfile
-
-        import pandas as pd
-
-        from study.sparsity import plot_k
-
-        self.client.log_text(run_id, _records_csv(rows), "sparsity/targets.csv")
-        k_max = (trial_config.get("sparsity") or {}).get("k_max", 8)
-        with tempfile.TemporaryDirectory() as tmp:
-            self.client.log_artifact(run_id, plot_k(pd.DataFrame(rows), k_max, f"{tmp}/k_hist.png"), "sparsity")
-
-    def _extrapolation_metrics(self, records: list[dict], now: int) -> list[Metric]:
-        primary = records[0]["ids"]  # the model's own ids come first (PPC: predicted)
-        out = []
-        for r in records:
-            if r["ids"] != primary:
-                suffix = f"/{r['ids']}"
-            else:
-                suffix = ""
-            k = "all" if r["k"] is None else r["k"]
-            for key, value in (("acc_len", r["answer_acc"]), ("exact_len", r["exact_match"]), ("loss_len", r.get("loss"))):
-                if value is not None and math.isfinite(value):
-                    out.append(Metric(f"{key}/k{k}{suffix}", value, now, int(r["length"])))
-            # the same as flat keys that say their length: the runs table shows a metric's last
-            # step only, which for acc_len/k{K} is the longest length with nothing saying so
-            if not suffix and math.isfinite(r["answer_acc"]):
-                out.append(Metric(f"acc_at_len{int(r['length'])}/k{k}", r["answer_acc"], now, 0))
-        return out
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         self.due = True  # the state must name this checkpoint before the one it names is deleted
@@ -461,19 +398,3 @@ def error_reason(error) -> str:
     """The last line of a trial's error (its traceback ends with the exception and its message)."""
     lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
     return lines[-1] if lines else ""
-
-
-def _is_metric(key: str, value) -> bool:
-    if key in ("step", "training_iteration", "timestamp", "time_this_iter_s", "time_total_s",
-               "pid", "done", "iterations_since_restore", "time_since_restore") or key.endswith("_at"):
-        return False  # Tune's bookkeeping; *_at: wall-clock times, not quantities to plot
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _records_csv(records: list[dict]) -> str:
-    import pandas as pd
-
-    buf = io.StringIO()
-    pd.DataFrame(records).to_csv(buf, index=False)
-    return buf.getvalue()
-

@@ -1,274 +1,23 @@
-"""One trial: build task, model and DeepSpeed engine, train, validate, evaluate the length grid.
+"""Train one trial in this process, without Ray: `python -m study.train CONFIG.yaml [--seed S]
+[--steps N] [--out eval.csv]`.
 
-`train_loop_per_worker(config)` is the only training loop. It runs unchanged in-process
-(`python -m study.train CONFIG.yaml`, world size 1), under Ray Train local mode, and on N Ray Train
-workers (ZeRO shards over them); what differs is the `Session` it reports to (study/session.py).
-
-Data are a pure function of (seed, rank, step), so a run resumed from a checkpoint sees the same
-batches it would have seen, and the same config and seed give the same metrics.
+The same loop a study runs (trial/loop.py), with the analyses its config asks for, printing the
+evaluation table. For a first look at a trial config, or to debug one, before a study runs it.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import math
 import os
 import sys
-import tempfile
-import time
 
-import numpy as np
 import torch
 
-from models import generation_modes, training_ids
-from study.config import TrialConfig, describe_errors, load_trial_config
-from study.evaluate import Tensors, evaluate_grid, next_token_loss, validate
-from study.session import LocalSession, Session, StaleBuildLock, setup_distributed
-
-
-CONFIG_FILE = "trial_config.json"
-
-
-# what a trial reports that measures the machine, not the model: runs of one config and seed agree
-# on every other metric
-TIMING_KEYS = ("tokens_per_s",)
-TIMING_PREFIXES = ("time/", "startup/")
-
-
-def is_timing(key: str) -> bool:
-    return key in TIMING_KEYS or key.startswith(TIMING_PREFIXES)
-
-
-class StageClock:
-    """A trial's start-up, stage by stage (`startup/{stage}_s`), from entering the loop to the end
-    of its first training step (`startup/total_s`). `startup/first_step_at` is that moment's wall
-    time: the driver adds the time from scheduling the trial to it (study/tracking.py)."""
-
-    def __init__(self):
-        self.t = time.time()
-        self.laps: dict[str, float] = {}
-        self.reported = False
-
-    def lap(self, stage: str) -> None:
-        now = time.time()
-        self.laps[stage] = now - self.t
-        self.t = now
-
-    def metrics(self) -> dict[str, float]:
-        """The stages, in the first report after the first step only (they do not change)."""
-        if "first_step" not in self.laps or self.reported:
-            return {}
-        self.reported = True
-        return {**{f"startup/{k}_s": v for k, v in self.laps.items()},
-                "startup/total_s": sum(self.laps.values()), "startup/first_step_at": self.t}
-
-
-class Diverged(FloatingPointError):
-    """The training loss became NaN or infinite: every later step is wasted, so the trial stops."""
-
-
-def load_trained(checkpoint_dir: str):
-    """(TrialConfig, task, DecoderLM with the checkpoint's weights) from a trial checkpoint: a
-    folder, or a URI in the study's bucket (copied to a temporary folder first)."""
-    from study import storage
-
-    if storage.is_uri(checkpoint_dir):
-        checkpoint_dir = storage.download_dir(checkpoint_dir, tempfile.mkdtemp(prefix="checkpoint-"))
-    cfg = load_trial_config_json(os.path.join(checkpoint_dir, CONFIG_FILE))
-    task = cfg.task_obj
-    model = cfg.build_model(len(task.vocab))
-    if cfg.deepspeed.zero_stage == 3:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        with storage.weights_only_loads():  # DeepSpeed's reader asks for weights_only=False
-            state = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag="checkpoint")
-    else:
-        path = os.path.join(checkpoint_dir, "checkpoint", "mp_rank_00_model_states.pt")
-        state = torch.load(path, map_location="cpu", weights_only=True)["module"]
-    model.load_state_dict({k: v.float() for k, v in state.items()})
-    return cfg, task, model.eval()
-
-
-def load_trial_config_json(path: str) -> TrialConfig:
-    with open(path) as f:
-        return TrialConfig.model_validate_json(f.read())
-
-
-def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
-    o = cfg.optim
-    if o.batch_size % world_size:
-        raise ValueError(f"optim.batch_size: {o.batch_size} is not divisible by {world_size} workers")
-    return {
-        "train_batch_size": o.batch_size,
-        "train_micro_batch_size_per_gpu": o.batch_size // world_size,
-        "gradient_accumulation_steps": 1,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {"lr": o.lr, "betas": list(o.betas), "weight_decay": o.weight_decay, "torch_adam": True},
-        },
-        "scheduler": {
-            "type": "WarmupCosineLR",
-            "params": {
-                "total_num_steps": o.steps,
-                "warmup_num_steps": max(1, o.warmup_steps),
-                "warmup_type": "linear",
-                "warmup_min_ratio": 0.0,
-                "cos_min_ratio": 0.1,
-            },
-        },
-        "gradient_clipping": o.grad_clip,
-        "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
-        "bf16": {"enabled": cfg.deepspeed.bf16},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-
-
-def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
-    """Flat summary of the grid for the primary id mode (PPC: its own predicted ids).
-
-    Length extrapolation and k extrapolation are kept apart: `acc_beyond` averages the cells past
-    the train length with k_test <= K_train, `acc_k_beyond` the cells with k_test > K_train (any
-    length)."""
-    primary = generation_modes(cfg.positional.ids)[0]
-    rows = [r for r in records if r["ids"] == primary]
-    task = cfg.task_obj
-    k_train = getattr(task, "train_k", None)
-    k_in = lambda r: r["k"] is None or k_train is None or r["k"] <= k_train  # noqa: E731
-    inside = [r for r in rows if r["in_distribution"]]
-    beyond = [r for r in rows if r["length"] > task.train_length and k_in(r)]
-    k_beyond = [r for r in rows if not k_in(r)]
-    mean = lambda rs, key: float(np.mean([r[key] for r in rs])) if rs else float("nan")  # noqa: E731
-    summary = {
-        "acc_in_dist": mean(inside, "answer_acc"),
-        "acc_beyond": mean(beyond, "answer_acc"),
-        "exact_in_dist": mean(inside, "exact_match"),
-        "exact_beyond": mean(beyond, "exact_match"),
-    }
-    if k_beyond:  # only a grid with k_test > K_train has it
-        summary["acc_k_beyond"] = mean(k_beyond, "answer_acc")
-    if rows and "loss" in rows[0]:  # language modeling: loss at and beyond the train length
-        summary.update(loss_in_dist=mean(inside, "loss"), loss_beyond=mean(beyond, "loss"))
-    return summary
-
-
-def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = None) -> dict:
-    """Train and evaluate one trial. Returns {"metrics": final metrics, "records": grid records}."""
-    clock = StageClock()
-    cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
-    session = session or LocalSession()
-    import deepspeed
-
-    clock.lap("imports")  # in a warm process (study/trial.py) these are done already
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    rank, world, device = setup_distributed()
-    clock.lap("distributed")
-    task = cfg.task_obj
-    clock.lap("task")
-    torch.manual_seed(cfg.seed)
-    model = cfg.build_model(len(task.vocab))
-    clock.lap("model")
-    engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=deepspeed_config(cfg, world)
-    )
-    clock.lap("engine")
-    pos, w = cfg.positional, cfg.positional.position_loss_weight
-    micro = cfg.optim.batch_size // world
-
-    # held-out in-distribution set: a different stream from training, sharded over ranks
-    val_rng = np.random.default_rng([cfg.seed, 104729, rank])
-    n_val, bs = -(-cfg.eval.val_samples // world), cfg.eval.batch_size
-    val_batches = [task.validation_sample(min(bs, n_val - i), val_rng) for i in range(0, n_val, bs)]
-    clock.lap("data")
-
-    start, client = 0, {}
-    with session.restore_dir() as ckpt:
-        if ckpt is not None:
-            _, client = engine.load_checkpoint(ckpt, tag="checkpoint")
-            start = int(client["step"])
-    clock.lap("restore")
-    if "final" in client:  # restored after the last report (the driver died before noting it): resend
-        final = client["final"]
-        _report(session, engine, final, start, cfg, final=True)
-        return {"metrics": {k: v for k, v in final.items() if k != "eval_records"}, "records": final["eval_records"]}
-
-    parts: dict = {}
-    tokens_seen, train_s, eval_s = 0, 0.0, 0.0
-    engine.train()
-
-    def progress(step: int) -> dict:
-        nonlocal eval_s
-        t = time.time()
-        out = {
-            "step": step,
-            **parts,
-            "lr": float(engine.lr_scheduler.get_last_lr()[0]),
-            "tokens_per_s": tokens_seen * world / max(train_s, 1e-9),
-            **validate(engine, model, val_batches, pos.ids, w, device),
-        }
-        eval_s += time.time() - t
-        return {**out, **clock.metrics(), "time/train_s": train_s, "time/eval_s": eval_s}
-
-    for step in range(start + 1, cfg.optim.steps + 1):
-        t = time.time()
-        batch = task.sample(micro, np.random.default_rng([cfg.seed, rank, step]))
-        ids = training_ids(pos.ids, batch.position_ids, batch.seq_len, pos.max_position,
-                           np.random.default_rng([cfg.seed, rank, step, 1]), pos.shift, pos.pose_chunks,
-                           task.fixed_prefix)
-        loss, parts, _ = next_token_loss(engine, model, Tensors.of(batch, ids, device), w)
-        if not math.isfinite(parts["loss"]):  # parts hold floats already: no extra device sync
-            lr = engine.lr_scheduler.get_last_lr()[0]
-            raise Diverged(f"loss: {parts['loss']} at step {step} (rank {rank}, lr {lr:.3g}); "
-                           "the trial stops")
-        engine.backward(loss)
-        engine.step()
-        tokens_seen += int(batch.seq_len.sum())
-        train_s += time.time() - t
-        if step == start + 1:
-            clock.lap("first_step")
-        if step % cfg.eval.every_steps == 0 and step < cfg.optim.steps:
-            _report(session, engine, progress(step), step, cfg)
-    # the last report: validation and the extrapolation grid (also when resumed at the very end)
-    metrics = progress(cfg.optim.steps)
-    t = time.time()
-    records = evaluate_grid(
-        engine.module, task, pos.ids, cfg.grid(), cfg.eval.samples_per_cell, cfg.eval.batch_size,
-        cfg.seed, rank, world, device,
-    )
-    metrics.update(summarize(records, cfg))
-    extra = {}
-    if cfg.loss_gap is not None:  # every rank runs it (ZeRO-3 forwards are collective)
-        from study.loss_gap import gap_metrics
-
-        gap, extra["loss_gap_summary"], extra["loss_gap_records"] = gap_metrics(
-            engine.module, task, cfg.loss_gap, cfg.seed, device)
-        metrics.update(gap)
-    if cfg.sparsity is not None:  # every rank runs it, as above
-        from study.sparsity import sparsity_metrics
-
-        meter, extra["sparsity_targets"] = sparsity_metrics(engine.module, task, cfg, device)
-        metrics.update(meter)
-    metrics["time/eval_s"] += time.time() - t  # the grid and the meters: measuring is evaluating
-    _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True)
-    return {"metrics": metrics, "records": records}
-
-
-def _report(session: Session, engine, metrics: dict, step: int, cfg: TrialConfig, final: bool = False) -> None:
-    """Report metrics; with a checkpointing session, save a DeepSpeed checkpoint alongside (all
-    ranks). The last checkpoint also holds the final report, so a trial restored after it
-    re-sends it instead of evaluating again."""
-    if not session.checkpointing:
-        session.report(metrics)
-        return
-    state = {"step": step}
-    if final:
-        state["final"] = metrics
-    with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
-        engine.save_checkpoint(tmp, tag="checkpoint", client_state=state)
-        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:  # what rebuilds the model (loss_gap)
-            f.write(cfg.model_dump_json(indent=1))
-        session.report(metrics, tmp)
+from analysis import ANALYSES
+from trial.config import TrialConfig, load_trial_config
+from trial.loop import Diverged, train_loop_per_worker
+from trial.session import StaleBuildLock
+from trial.yaml_io import describe_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -300,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     try:
-        result = train_loop_per_worker(cfg)
+        result = train_loop_per_worker(cfg, analyses=ANALYSES)
     except (Diverged, StaleBuildLock) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

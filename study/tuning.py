@@ -9,12 +9,13 @@ import time
 
 import pandas as pd
 
-from study import storage as store
+from study import ray_compat
 from study.identity import StudyIdentity
 from study.report import write_report
 from study.snapshots import BACKSTOP_PERIOD_S, restore_complete_snapshot, snapshots_on_events
 from study.spec import StudySpec
 from study.tracking import RECORDING_ERRORS, StudyTracker, error_reason
+from trial import storage as store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,7 +35,7 @@ def start_ray(address: str | None) -> None:
         ray.init(address=address, **quiet)
         print(f"ray: cluster at {address}", flush=True)
         return
-    from study.session import loopback_interface
+    from trial.session import loopback_interface
 
     # workers import the project from this checkout even if not installed
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
@@ -60,26 +61,16 @@ def run_study(
     summary over seeds, the files written, the failed trials ({trial_id, cell, reason}) and what
     MLflow could not record (None: everything).
     `identity` ties the MLflow record to this study folder (None: a study made before study ids)."""
-    # one experiment snapshot per checkpoint is what resume needs; don't warn about it
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    # snapshots on the events a resume needs, not on a timer (study/snapshots.py)
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", BACKSTOP_PERIOD_S)
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic table, with the columns we choose
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard; JSON/CSV below
-    # a tracking server that is down fails a call in seconds (MLflow's default retries take minutes,
-    # all of them inside Tune's loop): the tracker holds the event and tries again (study/tracking.py)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
     from ray import tune
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from study.progress import ProgressPrinter
-    from study.trial import run_trial, trial_resources
+    from study.ray_trial import run_trial, trial_resources
 
+    _tune_settings()
     start_ray(address)
     terminated = stop_like_ctrl_c_on_sigterm()
     ray_started = time.time()
-    r = spec.resources
-    resources = {**r.model_dump(), "storage": study_dir}
+    resources = {**spec.resources.model_dump(), "storage": study_dir}
     trainable = tune.with_resources(run_trial, trial_resources(resources))
     # a SQLite store keeps artifacts beside the studies (in the bucket, for a bucket storage); a
     # tracking server decides for itself
@@ -89,75 +80,13 @@ def run_study(
     )
     tracker = StudyTracker(spec, tracking_uri, artifact_location, identity)
     progress = ProgressPrinter(spec, len(spec.cells()) * spec.trials_per_cell)
-    tune_dir = store.join(study_dir, "tune")
+    callbacks = (tracker, progress)
     try:
         if resume:
-            torn = restore_complete_snapshot(tune_dir)
-            if torn:  # a driver stopped half-way through uploading a snapshot (study/snapshots.py)
-                print(f"note: the last snapshot in storage was incomplete; resuming from the last complete "
-                      f"one ({', '.join(torn)} put back)", flush=True)
-            # a failed trial stays failed: it ran out of retries (resources.max_failures), and a
-            # deterministic failure (Diverged) would fail again; rerun search trials could also change
-            # a selection whose replicas already ran
-            tuner = tune.Tuner.restore(tune_dir, trainable, resume_errored=False)
+            tuner = _restored_tuner(spec, store.join(study_dir, "tune"), trainable, callbacks, max_concurrent, verbose)
         else:
-            searcher, scheduler = build_search(spec, resources)
-            tuner = tune.Tuner(
-                trainable,
-                tune_config=tune.TuneConfig(
-                    search_alg=searcher,
-                    scheduler=scheduler,
-                    num_samples=len(spec.cells()) * spec.trials_per_cell,
-                    max_concurrent_trials=max_concurrent,
-                    # a finished trial's process takes the next trial: its imports, its process
-                    # group and DeepSpeed's loaded ops are ready (a 1-worker trial's start on 2
-                    # cores: ~5 s in a fresh process, ~0.05 s in a warm one; README "Speed")
-                    reuse_actors=r.warm_processes,
-                    trial_name_creator=_trial_name,
-                    trial_dirname_creator=_trial_name,
-                ),
-                run_config=tune.RunConfig(
-                    name="tune",
-                    storage_path=study_dir,
-                    failure_config=tune.FailureConfig(max_failures=r.max_failures),
-                    # 2, not 1: on a bucket Tune uploads its experiment state in the background,
-                    # and with 1 the checkpoint that state names is deleted as soon as the next one
-                    # lands, before the new state is up; a driver killed then cannot resume that
-                    # trial ("does not exist on storage anymore", seen in tests/test_storage.py)
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-                    callbacks=[tracker, progress, JsonLoggerCallback(), CSVLoggerCallback()],
-                    verbose=1 if verbose else 0,  # Tune's status tables; our own lines: study/progress.py
-                    progress_reporter=tune.CLIReporter(
-                        metric_columns={"step": "step", spec.objective.metric: spec.objective.metric,
-                                        "acc_beyond": "acc_beyond"},
-                        parameter_columns={"params": "searched"},
-                        max_report_frequency=15,
-                        max_column_length=40,
-                    ),
-                ),
-            )
-        if resume:  # a restored Tuner keeps the callbacks it was pickled with; use this run's tracker
-            # Private API (Tuner.restore takes no new TuneConfig/RunConfig): the restored Tuner's own
-            # configs, which Tune reads again when fit() starts; tests/test_records.py fails if not.
-            # The resumable changes of study/identity.py are applied here, nothing else.
-            tuner._local_tuner._tune_config.max_concurrent_trials = max_concurrent
-            tuner._local_tuner._tune_config.reuse_actors = r.warm_processes
-            run_config = tuner._local_tuner.get_run_config()
-            run_config.failure_config.max_failures = r.max_failures
-            run_config.callbacks[:] = [tracker if isinstance(c, StudyTracker) else
-                                       progress if isinstance(c, ProgressPrinter) else c for c in run_config.callbacks]
-            if progress not in run_config.callbacks:  # a study started before progress lines existed
-                run_config.callbacks.append(progress)
-            run_config.verbose = 1 if verbose else 0
-        with snapshots_on_events(tracker) as watch:
-            try:
-                grid = tuner.fit()
-            except BaseException:  # stopped for the storage, Tune's last read of it fails too
-                if watch.lost:
-                    raise store.StorageUnreachable(watch.lost) from None
-                raise
-        if watch.lost:  # stopped as on Ctrl-C: the trials that did not end continue on --resume
-            raise store.StorageUnreachable(watch.lost)
+            tuner = _new_tuner(spec, study_dir, trainable, resources, callbacks, max_concurrent, verbose)
+        grid = _fit(tuner, tracker)
         # on Ctrl-C Tune stops the trials, saves the experiment and returns: what it returns then
         # holds trials that did not end (or fewer than planned); they must not read as a result
         planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, grid)
@@ -169,32 +98,7 @@ def run_study(
             for res in grid
         ]
         timing = time_in_steps(trials, time.time() - ray_started, max_concurrent)
-        cells = {c.index: c.label for c in spec.cells()}
-        failed = [{"trial_id": t["trial_id"], "cell": cells[t["config"]["cell"]], "reason": t["reason"]}
-                  for t in trials if t["status"] == "ERROR"]
-        with tempfile.TemporaryDirectory(prefix="report-") as tmp:  # a bucket: written here, then copied
-            remote = store.is_uri(study_dir)
-            selected, summary, files = write_report(spec, trials, tmp if remote else study_dir)
-            if remote:  # each object whole; the marker (report.json) last, as in a folder
-                for key, path in sorted(files.items(), key=lambda kv: kv[0] == "marker"):
-                    _upload(path, store.join(study_dir, os.path.basename(path)))
-            # the results are in storage; MLflow's record comes after, and may fail without losing them
-            unrecorded = None
-            try:
-                tracker.flush()
-                dropped = tracker.reconcile({_trial_id(res) for res in grid if not res.error},
-                                            {_trial_id(res) for res in grid})
-                if dropped:
-                    print(f"mlflow: deleted {len(dropped)} run(s) of trials started before the interruption "
-                          "and not in the restored experiment (their work was redone)", flush=True)
-                tracker.log_study_metrics(timing)
-                tracker.record_selection(selected)
-                tracker.finish("FAILED" if failed else "FINISHED", files)
-            except RECORDING_ERRORS as e:
-                unrecorded = (f"{e}. The results are complete in {study_dir}; the MLflow record of study "
-                              f"{spec.name} is not")
-        written = [store.join(study_dir, os.path.basename(path)) for path in files.values()]
-        return selected, summary, written, failed, unrecorded
+        return _report_and_record(spec, study_dir, trials, grid, tracker, timing)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM (Terminated), or an exit
         _finish_if_reachable(tracker, "KILLED")
         print(f"interrupted: no results written; continue with --resume (study {study_dir})",
@@ -203,6 +107,136 @@ def run_study(
     except BaseException:
         _finish_if_reachable(tracker, "FAILED")
         raise
+
+
+def _tune_settings() -> None:
+    """Tune's and MLflow's settings a study needs (set unless the user set them)."""
+    # one experiment snapshot per checkpoint is what resume needs; don't warn about it
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # snapshots on the events a resume needs, not on a timer (study/snapshots.py)
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", BACKSTOP_PERIOD_S)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic table, with the columns we choose
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard; JSON/CSV below
+    # a tracking server that is down fails a call in seconds (MLflow's default retries take minutes,
+    # all of them inside Tune's loop): the tracker holds the event and tries again (study/tracking.py)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+
+
+def _new_tuner(spec: StudySpec, study_dir: str, trainable, resources: dict, callbacks: tuple,
+               max_concurrent: int | None, verbose: bool):
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    searcher, scheduler = build_search(spec, resources)
+    r = spec.resources
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=len(spec.cells()) * spec.trials_per_cell,
+            max_concurrent_trials=max_concurrent,
+            # a finished trial's process takes the next trial: its imports, its process group and
+            # DeepSpeed's loaded ops are ready (a 1-worker trial's start on 2 cores: ~5 s in a fresh
+            # process, ~0.05 s in a warm one; README "Speed")
+            reuse_actors=r.warm_processes,
+            trial_name_creator=_trial_name,
+            trial_dirname_creator=_trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=study_dir,
+            failure_config=tune.FailureConfig(max_failures=r.max_failures),
+            # 2, not 1: on a bucket Tune uploads its experiment state in the background, and with 1
+            # the checkpoint that state names is deleted as soon as the next one lands, before the
+            # new state is up; a driver killed then cannot resume that trial ("does not exist on
+            # storage anymore", seen in tests/test_storage.py)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            callbacks=[*callbacks, JsonLoggerCallback(), CSVLoggerCallback()],
+            verbose=1 if verbose else 0,  # Tune's status tables; our own lines: study/progress.py
+            progress_reporter=tune.CLIReporter(
+                metric_columns={"step": "step", spec.objective.metric: spec.objective.metric,
+                                "acc_beyond": "acc_beyond"},
+                parameter_columns={"params": "searched"},
+                max_report_frequency=15,
+                max_column_length=40,
+            ),
+        ),
+    )
+
+
+def _restored_tuner(spec: StudySpec, tune_dir: str, trainable, callbacks: tuple, max_concurrent: int | None,
+                    verbose: bool):
+    """The study's Tuner from its last complete snapshot, with this run's callbacks and the
+    resumable changes of study/identity.py applied (nothing else)."""
+    from ray import tune
+
+    torn = restore_complete_snapshot(tune_dir)
+    if torn:  # a driver stopped half-way through uploading a snapshot (study/snapshots.py)
+        print(f"note: the last snapshot in storage was incomplete; resuming from the last complete "
+              f"one ({', '.join(torn)} put back)", flush=True)
+    # a failed trial stays failed: it ran out of retries (resources.max_failures), and a
+    # deterministic failure (Diverged) would fail again; rerun search trials could also change a
+    # selection whose replicas already ran
+    tuner = tune.Tuner.restore(tune_dir, trainable, resume_errored=False)
+    # a restored Tuner keeps the callbacks it was pickled with; use this run's (of the same types)
+    tune_config, run_config = ray_compat.restored_tuner_configs(tuner)
+    tune_config.max_concurrent_trials = max_concurrent
+    tune_config.reuse_actors = spec.resources.warm_processes
+    run_config.failure_config.max_failures = spec.resources.max_failures
+    by_type = {type(c): c for c in callbacks}
+    run_config.callbacks[:] = [by_type.get(type(c), c) for c in run_config.callbacks]
+    for c in callbacks:  # a study started before progress lines existed has none to replace
+        if c not in run_config.callbacks:
+            run_config.callbacks.append(c)
+    run_config.verbose = 1 if verbose else 0
+    return tuner
+
+
+def _fit(tuner, tracker: StudyTracker):
+    """tuner.fit() with snapshots on events; a storage that stopped answering ends it as
+    StorageUnreachable (the trials that did not end continue on --resume)."""
+    with snapshots_on_events(tracker) as watch:
+        try:
+            grid = tuner.fit()
+        except BaseException:  # stopped for the storage, Tune's last read of it fails too
+            if watch.lost:
+                raise store.StorageUnreachable(watch.lost) from None
+            raise
+    if watch.lost:  # stopped as on Ctrl-C
+        raise store.StorageUnreachable(watch.lost)
+    return grid
+
+
+def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], grid, tracker: StudyTracker,
+                       timing: dict) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict], str | None]:
+    """Write the report into storage, then MLflow's record of the study (which may fail without
+    losing the results)."""
+    cells = {c.index: c.label for c in spec.cells()}
+    failed = [{"trial_id": t["trial_id"], "cell": cells[t["config"]["cell"]], "reason": t["reason"]}
+              for t in trials if t["status"] == "ERROR"]
+    with tempfile.TemporaryDirectory(prefix="report-") as tmp:  # a bucket: written here, then copied
+        remote = store.is_uri(study_dir)
+        selected, summary, files = write_report(spec, trials, tmp if remote else study_dir)
+        if remote:  # each object whole; the marker (report.json) last, as in a folder
+            for key, path in sorted(files.items(), key=lambda kv: kv[0] == "marker"):
+                _upload(path, store.join(study_dir, os.path.basename(path)))
+        unrecorded = None
+        try:
+            tracker.flush()
+            dropped = tracker.reconcile({_trial_id(res) for res in grid if not res.error},
+                                        {_trial_id(res) for res in grid})
+            if dropped:
+                print(f"mlflow: deleted {len(dropped)} run(s) of trials started before the interruption "
+                      "and not in the restored experiment (their work was redone)", flush=True)
+            tracker.log_study_metrics(timing)
+            tracker.record_selection(selected)
+            tracker.finish("FAILED" if failed else "FINISHED", files)
+        except RECORDING_ERRORS as e:
+            unrecorded = (f"{e}. The results are complete in {study_dir}; the MLflow record of study "
+                          f"{spec.name} is not")
+    written = [store.join(study_dir, os.path.basename(path)) for path in files.values()]
+    return selected, summary, written, failed, unrecorded
 
 
 def _upload(path: str, uri: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-
 from typing import Any, ClassVar, Sequence
 
 import numpy as np

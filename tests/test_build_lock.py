@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from study.session import StaleBuildLock, check_build_locks
+from trial.session import StaleBuildLock, check_build_locks
 
 ROOT = Path(__file__).resolve().parents[1]
 

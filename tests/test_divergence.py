@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-
-from study.train import Diverged, train_loop_per_worker
 from test_study import mlflow_runs, run, write_spec
 from test_train import Recorder, config
+
+from trial.loop import Diverged, train_loop_per_worker
 
 
 def test_a_diverging_loss_stops_the_trial_at_that_step():

@@ -8,9 +8,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from analysis import ANALYSES
+from analysis.loss_gap import TargetScorer, plot_gap, run_analysis, summarize_gap
 from models import DecoderLM, ModelConfig
-from study.loss_gap import GapConfig, TargetScorer, plot_gap, run_analysis, summarize_gap
-from study.session import FolderSession
+from trial.analysis_specs import LossGapSpec
+from trial.session import FolderSession
+
+
+def gap_spec(**kw) -> LossGapSpec:
+    """A LossGapSpec whose sparse_k is its first k (the analysis alone reports no sparse/dense split)."""
+    return LossGapSpec(**({"sparse_k": kw["ks"][0]} if "ks" in kw else {}), **kw)
 
 VOCAB = 11
 
@@ -40,7 +47,7 @@ def windows(n, length, p, seed=0):
 
 @pytest.mark.parametrize("method", ["greedy", "gain"])
 def test_one_far_token_recovers_the_whole_gap(method):
-    cfg = GapConfig(long_context=24, short_context=6, ks=[1, 2, 3], method=method, targets=5)
+    cfg = gap_spec(long_context=24, short_context=6, ks=[1, 2, 3], method=method, targets=5)
     records, timing = run_analysis(CopyFromFar(p=4), windows(5, 24, p=4), cfg)
     assert len(records) == 5 * 3 and timing["seconds"] > 0
     assert np.allclose(records.L_short, math.log(VOCAB))  # the short window knows nothing
@@ -55,7 +62,7 @@ def test_one_far_token_recovers_the_whole_gap(method):
 
 def test_flat_tokens_are_counted_apart():
     # the target is position 20, inside the short window: no gap to recover
-    cfg = GapConfig(long_context=24, short_context=6, ks=[1], method="gain")
+    cfg = gap_spec(long_context=24, short_context=6, ks=[1], method="gain")
     records, _ = run_analysis(CopyFromFar(p=20), windows(3, 24, p=20), cfg)
     assert records.recovered.isna().all()
     summary = summarize_gap(records, cfg.min_gap)
@@ -80,7 +87,7 @@ def test_hidden_tokens_do_not_reach_the_target_through_other_positions():
 def test_attention_method_ranks_by_the_target_querys_attention():
     torch.manual_seed(0)
     model = DecoderLM(ModelConfig(vocab_size=VOCAB, max_position=64, d_model=32, n_layers=2, n_heads=4))
-    cfg = GapConfig(long_context=24, short_context=6, ks=[1, 4], method="attention")
+    cfg = gap_spec(long_context=24, short_context=6, ks=[1, 4], method="attention")
     records, _ = run_analysis(model, windows(4, 24, p=4), cfg)
     scorer = TargetScorer(model)
     mass = scorer.attention_mass(torch.as_tensor(windows(4, 24, p=4)[0]))[:18]
@@ -92,22 +99,35 @@ def test_attention_method_ranks_by_the_target_querys_attention():
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="short_context"):
-        GapConfig(long_context=16, short_context=16)
+        gap_spec(long_context=16, short_context=16)
     with pytest.raises(ValueError, match="ks"):
-        GapConfig(long_context=16, short_context=8, ks=[9])
+        gap_spec(long_context=16, short_context=8, ks=[9])
 
 
-def test_gap_figure(tmp_path):
-    cfg = GapConfig(long_context=24, short_context=6, ks=[1, 2], method="gain")
+def test_gap_figure_plots_each_tokens_recovery_against_its_gap(tmp_path, monkeypatch):
+    """One scatter per k; point i of k's scatter is (L_short - L_long, L_short - L_sparse(k)) of
+    target i: what Figure 4 of the paper plots."""
+    import matplotlib.figure
+
+    cfg = gap_spec(long_context=24, short_context=6, ks=[1, 2], method="gain")
     records, _ = run_analysis(CopyFromFar(p=4), windows(3, 24, p=4), cfg)
-    assert plot_gap(records, str(tmp_path / "gap.png")) and (tmp_path / "gap.png").stat().st_size > 1000
+    saved = []
+    original = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **kw: saved.append(fig) or original(fig, *a, **kw))
+    assert plot_gap(records, str(tmp_path / "gap.png")) == str(tmp_path / "gap.png")
+    ax = saved[0].axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["k=1", "k=2"]
+    for k, scatter in zip([1, 2], ax.collections):
+        rows = records[records.k == k]
+        expected = np.stack([rows.L_short - rows.L_long, rows.L_short - rows.L_sparse], axis=1)
+        np.testing.assert_allclose(scatter.get_offsets(), expected, rtol=1e-6)
 
 
 # --- trained models and the command line ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained_lm(tmp_path_factory):
     """A small byte LM trained briefly on the stdlib corpus, with its checkpoint folder."""
-    from study.train import train_loop_per_worker
+    from trial.loop import train_loop_per_worker
 
     folder = tmp_path_factory.mktemp("lm") / "ckpt"
     cfg = {
@@ -119,7 +139,7 @@ def trained_lm(tmp_path_factory):
         "loss_gap": {"long_context": 64, "short_context": 2, "ks": [1, 4], "targets": 48, "sparse_k": 4},
         "seed": 0,
     }
-    out = train_loop_per_worker(cfg, FolderSession(folder))
+    out = train_loop_per_worker(cfg, FolderSession(folder), ANALYSES)
     return out, folder
 
 
@@ -127,7 +147,7 @@ def test_trained_lm_losses_are_ordered(trained_lm):
     """L_short >= L_short,sparse(k) on average, and more tokens recover more. (L_sparse >= L_long
     need not hold: the gain method chooses tokens by the target's own loss, and for this briefly
     trained model the k chosen tokens beat the whole context; the note on issue 4 says so.)"""
-    from study.train import load_trained
+    from trial.loop import load_trained
 
     out, folder = trained_lm
     m = out["metrics"]
@@ -138,8 +158,8 @@ def test_trained_lm_losses_are_ordered(trained_lm):
     assert m["loss_gap/recovered_median/k4"] > 0.5
     assert m["loss_gap/tokens_sparse"] + m["loss_gap/tokens_dense"] + m["loss_gap/tokens_flat"] <= 48
     _, task, model = load_trained(str(folder))  # the checkpoint rebuilds the same model
-    cfg = GapConfig(long_context=64, short_context=2, ks=[1, 4], targets=48)
-    from study.loss_gap import sample_windows
+    cfg = gap_spec(long_context=64, short_context=2, ks=[1, 4], targets=48)
+    from analysis.loss_gap import sample_windows
 
     records, _ = run_analysis(model, sample_windows(task.val_tokens, 48, 65, 0), cfg)
     assert records.L_long.mean() == pytest.approx(m["loss_gap/L_long"], abs=1e-4)

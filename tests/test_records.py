@@ -142,22 +142,6 @@ def test_resume_holds_to_the_stored_spec_and_reruns_no_failed_trial(tmp_path):
     pd.testing.assert_frame_equal(new, old)
 
 
-def test_the_private_tuner_configs_a_resume_sets_exist(tmp_path):
-    """study/tuning.py sets the restored Tuner's max_concurrent_trials, reuse_actors and max_failures
-    through Ray's private `Tuner._local_tuner`: this fails when that changes."""
-    from ray import tune
-
-    def trainable(config):
-        tune.report({"x": 1})
-
-    tuner = tune.Tuner(trainable, tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=3),
-                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="t"))
-    local = tuner._local_tuner
-    assert local._tune_config.max_concurrent_trials == 3 and hasattr(local._tune_config, "reuse_actors")
-    assert hasattr(local.get_run_config().failure_config, "max_failures")
-    assert "max_concurrent_trials" in local._get_tune_run_arguments(trainable)
-
-
 def test_asha_runs_accounts_for_every_trial_and_selects_a_finished_one(tmp_path):
     spec = write_spec(tmp_path, **{
         "name": "asha", "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2},

@@ -22,7 +22,7 @@ from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write
 from study.report import interval, results_frame, select, summarize_seeds
 from study.search import CellSearcher
 from study.spec import StudySpec
-from study.train import summarize
+from trial.loop import summarize
 
 
 def spec_of(**changes) -> StudySpec:
@@ -98,7 +98,7 @@ def test_replicas_rerun_the_selected_config_with_new_seeds_after_the_search():
 
 
 def test_acc_beyond_is_length_extrapolation_only():
-    cfg = __import__("study.config", fromlist=["TrialConfig"]).TrialConfig.model_validate(
+    cfg = __import__("trial.config", fromlist=["TrialConfig"]).TrialConfig.model_validate(
         yaml.safe_load((ROOT / "search_spaces/trials/sparse_parity.yaml").read_text()))
     L, K = cfg.task_obj.train_length, cfg.task_obj.train_k
     recs = [{"length": L, "k": K, "ids": "sequential", "answer_acc": 1.0, "exact_match": 1.0, "in_distribution": True},
@@ -267,3 +267,20 @@ def test_a_trial_stopped_early_is_counted_but_never_selected():
     row = results[results.trial_id == stopped].iloc[0]
     assert row.status == "STOPPED" and pd.isna(row.length) and row.val_exact == 1.0
     assert list(select(spec, results).trial_id) == [done]
+
+
+def test_flat_length_metrics_stay_bounded_as_the_grid_grows():
+    """A 40-length x 10-k grid gives at most 8 x 4 flat acc_at_len keys, the shortest and longest
+    lengths and the smallest and largest k among them; the curves keep every cell."""
+    from study.trial_record import extrapolation_metrics
+
+    records = [{"length": n, "k": k, "ids": "predicted", "answer_acc": 0.5, "exact_match": 0.5}
+               for n in range(10, 410, 10) for k in range(1, 11)]
+    records += [{**r, "ids": "coupled"} for r in records]
+    metrics = extrapolation_metrics(records, now=0)
+    flat = {m.key for m in metrics if m.key.startswith("acc_at_len")}
+    assert len(flat) == 8 * 4
+    assert {"acc_at_len10/k1", "acc_at_len400/k10", "acc_at_len10/k10", "acc_at_len400/k1"} <= flat
+    curves = [m for m in metrics if m.key == "acc_len/k3"]
+    assert sorted(m.step for m in curves) == list(range(10, 410, 10))  # the curve keeps every length
+    assert {m.key for m in metrics if m.key.endswith("/coupled")} >= {"acc_len/k1/coupled"}

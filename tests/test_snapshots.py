@@ -105,22 +105,3 @@ def test_snapshots_are_in_storage_when_the_listener_is_told(where, tmp_path, req
         assert snap["stored_checkpoint"] == snap["expected_checkpoint"], snap
     last = snapshots[-1]
     assert len(last["completed"]) == 3 and set(last["status"].values()) == {"TERMINATED"}
-
-
-def test_the_private_ray_names_the_storage_retries_use_are_still_there():
-    """study/trial.py retries a 1-worker trial's checkpoint upload under the same index (the session's
-    StorageContext.current_checkpoint_index, which Ray advances before each upload), and
-    study/snapshots.py wraps checkpoint_manager._delete_fs_path(fs, fs_path) so that a checkpoint
-    it cannot delete during an outage is left in place. Fails when Ray renames or reshapes them."""
-    import inspect
-
-    from ray.train._internal import checkpoint_manager, session
-    from ray.train._internal.storage import StorageContext
-
-    assert callable(session.get_session)
-    assert list(inspect.signature(checkpoint_manager._delete_fs_path).parameters) == ["fs", "fs_path"]
-    assert "current_checkpoint_index" in inspect.signature(StorageContext.__init__).parameters
-    # the index names the checkpoint folder and advances by one per reported checkpoint
-    update = inspect.getsource(StorageContext._update_checkpoint_index)
-    assert "self.current_checkpoint_index += 1" in update
-    assert "current_checkpoint_index" in inspect.getsource(StorageContext.checkpoint_dir_name.fget)

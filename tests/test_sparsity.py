@@ -12,14 +12,17 @@ import pytest
 import torch
 import yaml
 
-from study.config import SparsitySpec, TrialConfig
-from study.loss_gap import ResampleScorer
-from study.session import FolderSession
-from study.sparsity import (add_plant_scores, measure, plot_k, resolve, run_meter, summarize,
-                            synthetic_targets)
+from analysis import ANALYSES
+from analysis.loss_gap import ResampleScorer
+from analysis.sparsity import add_plant_scores, measure, plot_k, run_meter, summarize, synthetic_targets
+from models.positions import PositionalScheme
 from tasks import get_task
+from trial.analysis_specs import SparsitySpec
+from trial.config import TrialConfig
+from trial.session import FolderSession
 
 ROOT = Path(__file__).resolve().parents[1]
+SEQUENTIAL = PositionalScheme(ids="sequential")
 TASK = get_task("sparse_parity", train_length=16, min_length=4, train_k=4)
 B, ONE, ZERO = TASK.vocab["B"], TASK.vocab["1"], TASK.vocab["0"]
 CLASSES = [TASK.vocab.ids(c).tolist() for c in TASK.value_classes()]
@@ -49,7 +52,7 @@ def meter(model, targets, **kw):
 
 
 def test_a_model_of_known_dependencies_gives_exactly_the_planted_k():
-    targets = synthetic_targets(TASK, "sequential", 120, seed=3)
+    targets = synthetic_targets(TASK, SEQUENTIAL, 120, seed=3)
     table, timing = meter(CountBs(), targets)
     s = summarize(table, 6)
     assert s["targets_flat"] == 0  # ignorant of the marked values, the answer is a coin flip
@@ -63,7 +66,7 @@ def test_a_model_of_known_dependencies_gives_exactly_the_planted_k():
 def test_hiding_tokens_cannot_see_an_xor_the_documented_failure():
     """Hidden is not unknown: with tokens taken out of attention the same exact model answers for a
     shorter sample, so one visible B answers '1' and an even number of B's needs nothing."""
-    targets = synthetic_targets(TASK, "sequential", 120, seed=3)
+    targets = synthetic_targets(TASK, SEQUENTIAL, 120, seed=3)
     table, _ = meter(CountBs(), targets, ablation="hide", short_context=1)
     answers = np.array([int(TASK.vocab.decode([t.window[-1]])[0]) for t in targets])
     assert (table.flat.to_numpy() == (answers == 0)).all()  # parity 0: nothing to recover
@@ -72,7 +75,7 @@ def test_hiding_tokens_cannot_see_an_xor_the_documented_failure():
 
 
 def test_greedy_and_gain_cannot_find_an_xor_but_occlusion_does():
-    targets = [t for t in synthetic_targets(TASK, "sequential", 200, seed=4) if len(t.planted) >= 3][:40]
+    targets = [t for t in synthetic_targets(TASK, SEQUENTIAL, 200, seed=4) if len(t.planted) >= 3][:40]
     scores = {m: summarize(meter(CountBs(), targets, method=m)[0], 6)["k_match"] for m in ("occlusion", "greedy", "gain")}
     assert scores["occlusion"] >= 0.95
     assert scores["greedy"] < 0.5 and scores["gain"] < 0.5, scores
@@ -80,7 +83,7 @@ def test_greedy_and_gain_cannot_find_an_xor_but_occlusion_does():
 
 def test_on_text_hiding_finds_the_one_far_token_a_model_copies():
     """Text has no plant; a model that copies the token 20 back needs exactly that token (k = 1)."""
-    from study.sparsity import text_targets
+    from analysis.sparsity import text_targets
 
     class CopyFromFar(torch.nn.Module):  # predicts context token 4 when its last query sees it
         def forward(self, tokens, position_ids, visible=None, cache=None):
@@ -107,7 +110,7 @@ def test_resampling_redraws_values_inside_their_class_and_keeps_the_rest():
             seen.append(tokens.clone())
             return torch.zeros(*tokens.shape, len(TASK.vocab)), None, None
 
-    target = synthetic_targets(TASK, "sequential", 1, seed=0)[0]
+    target = synthetic_targets(TASK, SEQUENTIAL, 1, seed=0)[0]
     window = torch.as_tensor(target.window)
     scorer = ResampleScorer(Spy(), CLASSES, len(TASK.vocab), draws=32, seed=1)
     keep = torch.zeros(1, len(window) - 1, dtype=torch.bool)
@@ -129,11 +132,11 @@ def test_resampling_redraws_values_inside_their_class_and_keeps_the_rest():
 
 def test_text_falls_back_to_hiding_and_resample_on_text_is_refused():
     lm = get_task("lm", corpus="stdlib", train_length=8, max_bytes=100_000)
-    assert resolve(SparsitySpec(), lm) == ("hide", 32)
-    assert resolve(SparsitySpec(), TASK) == ("resample", 0)
-    assert resolve(SparsitySpec(ablation="hide"), TASK) == ("hide", 1)
+    assert SparsitySpec().resolve(lm) == ("hide", 32)
+    assert SparsitySpec().resolve(TASK) == ("resample", 0)
+    assert SparsitySpec(ablation="hide").resolve(TASK) == ("hide", 1)
     with pytest.raises(ValueError, match="sparsity.ablation"):
-        resolve(SparsitySpec(ablation="resample"), lm)
+        SparsitySpec(ablation="resample").resolve(lm)
 
 
 BASE = {
@@ -170,10 +173,10 @@ def test_bad_sparsity_sections_on_text_name_the_field():
 
 # --- trained models: the planted k recovered -----------------------------------------------------
 def train(tmp_path_factory, name, cfg):
-    from study.train import train_loop_per_worker
+    from trial.loop import train_loop_per_worker
 
     folder = tmp_path_factory.mktemp(name) / "ckpt"
-    out = train_loop_per_worker(cfg, FolderSession(str(folder)))
+    out = train_loop_per_worker(cfg, FolderSession(str(folder)), ANALYSES)
     return out["metrics"], str(folder)
 
 
@@ -195,10 +198,10 @@ def test_trained_sparse_parity_model_needs_exactly_its_marked_bits(sparse_parity
     assert metrics["sparsity/precision"] >= 0.9 and metrics["sparsity/recall"] >= 0.9
     assert metrics["sparsity/targets_flat"] <= 0.05 * 96
     # on other targets (another seed and a fixed k), the same
-    from study.train import load_trained
+    from trial.loop import load_trained
 
     cfg, task, model = load_trained(folder)
-    table, _ = run_meter(model, task, cfg.positional.ids, SparsitySpec(targets=64, k=3, length=20), seed=11)
+    table, _ = run_meter(model, task, cfg.positional.scheme, SparsitySpec(targets=64, k=3, length=20), seed=11)
     assert (table.k_planted == 3).all()
     s = summarize(table, 8)
     assert s["k_match"] >= 0.9 and s["precision"] >= 0.9 and s["recall"] >= 0.9 and s["k_median"] == 3
@@ -236,10 +239,10 @@ def test_trained_scratchpad_model_needs_two_tokens_per_step(scratchpad_model, tm
     """Each step s_i needs s_{i-1} (the token that predicts it) and the i-th marked bit."""
     metrics, folder = scratchpad_model
     assert metrics["val_exact"] >= 0.99
-    from study.train import load_trained
+    from trial.loop import load_trained
 
     cfg, task, model = load_trained(folder)
-    table, _ = run_meter(model, task, cfg.positional.ids, SparsitySpec(targets=60, k_max=4), seed=2)
+    table, _ = run_meter(model, task, cfg.positional.scheme, SparsitySpec(targets=60, k_max=4), seed=2)
     steps = table[table.kind.isin(["scratchpad", "answer"]) & ~table.flat]
     assert len(steps) >= 25 and (steps.k_planted == 2).all()
     s = summarize(steps, 4)

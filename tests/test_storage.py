@@ -19,7 +19,7 @@ import pytest
 from conftest import bucket_keys, start_s3_server
 from test_study import BIN, ENV, ROOT, RUN, kill_when_finished, mlflow_runs, run, write_spec
 
-from study import storage
+from trial import storage
 
 pytestmark = pytest.mark.slow
 

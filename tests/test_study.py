@@ -197,6 +197,18 @@ def rest(url: str, path: str, body: dict | None = None, query: str = "") -> dict
         return json.loads(r.read())
 
 
+def assert_same_results(new: pd.DataFrame, old: pd.DataFrame) -> None:
+    """The same spec and seed give the same results.csv: every column and value but the trial ids
+    (made afresh by each run). The old one was recorded by the smoke study before the code was
+    reorganised into trial/, analysis/ and study/ (issue 21), so a change of shape that changes a
+    number fails here. Floats to a relative 1e-4: the same wheels on another CPU may round a loss
+    differently, while an accuracy that moves moves by at least one sample in 64."""
+    key = ["cell", "search_index", "role", "seed", "length", "k", "ids"]
+    new, old = (f.drop(columns="trial_id").sort_values(key).reset_index(drop=True) for f in (new, old))
+    assert list(new.columns) == list(old.columns)
+    pd.testing.assert_frame_equal(new, old, check_exact=False, rtol=1e-4, atol=1e-6)
+
+
 def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
     storage = tmp_path / "studies"
     out = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", str(storage),
@@ -213,6 +225,7 @@ def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
     assert results.groupby("task.params.train_length").trial_id.nunique().to_dict() == {8: 2, 12: 2}
     assert (results.in_distribution == (results.length <= results["task.params.train_length"])
             & (results.k <= 2)).all()
+    assert_same_results(results, pd.read_csv(ROOT / "tests" / "data" / "smoke_results_before_redesign.csv"))
 
     # the REST API finds the study's runs by factor
     exp = rest(mlflow_server, "experiments/get-by-name", query="?experiment_name=smoke")["experiment"]

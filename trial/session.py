@@ -2,7 +2,7 @@
 
 The loop calls `session.report(metrics, checkpoint_dir)` and asks `session.restore_dir()` for a
 checkpoint to resume from. In-process (`python -m study.train`) a `LocalSession` prints progress;
-under Ray (study/trial.py) a session forwards to Ray Tune or Ray Train's report and checkpoint
+under Ray (study/ray_trial.py) a session forwards to Ray Tune or Ray Train's report and checkpoint
 APIs. The loop itself never imports Ray.
 """
 
@@ -166,7 +166,7 @@ def check_build_locks(recheck_s: float = 1.0) -> None:
 
 class FolderSession:
     """In-process runs that keep their last checkpoint in `folder`, so the trained model can be
-    rebuilt afterwards (`study.train.load_trained(folder)`) for an analysis; no resume."""
+    rebuilt afterwards (`trial.loop.load_trained(folder)`) for an analysis; no resume."""
 
     checkpointing = True
 

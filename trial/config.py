@@ -3,51 +3,33 @@
 Groups kept apart as in position-coupling's configs: task / positional scheme / model /
 optimisation / DeepSpeed / evaluation. Cross-field checks (k larger than the length, a test length
 whose ids exceed `max_position`) raise errors that name the field, so a bad config fails before a
-cluster is touched. `load_yaml` reads config files strictly (one document, no key given twice) and
-turns YAML errors into `file:line:column:` messages.
+cluster is touched (files are read by trial/yaml_io.py).
 """
 
 from __future__ import annotations
 
-import math
-import re
 from functools import cached_property
 from itertools import product
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 import tasks
 from models import DecoderLM, ModelConfig
-from models.positions import IdScheme, uses_task_ids
-
-
-MAX_SEED = 2**32 - 1  # numpy's and Optuna's seeds are 32-bit
-# Sizes beyond these cannot be allocated on any one machine this platform targets; refusing them
-# at load time beats an out-of-memory kill (or a 2.5 TB allocation) after a cluster has started.
-MAX_POSITION = 2**20
-MAX_PARAMETERS = 10**10  # 160 GB of fp32 weights, gradients and AdamW moments
-MAX_YAML_DEPTH = 50
-MAX_BATCH = 2**20  # sequences in one batch: beyond it the activations of any model here overflow memory
-MAX_SAMPLES = 10**7  # sequences generated for one evaluation set (they are held in memory)
-MAX_STEPS = 10**9
-
-
-class Strict(BaseModel):
-    # a NaN or inf anywhere in a config is a typo or an overflow, never a setting
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-def refuse_non_finite(data: Any, path: str = "") -> Any:
-    """Raise naming the first NaN or inf in a raw config, also where fields take any value
-    (task params, study grids and base) that `allow_inf_nan` does not reach."""
-    if isinstance(data, float) and not math.isfinite(data):
-        raise ValueError(f"{path or 'value'}: {data} is not a finite number")
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for key, value in items:
-        refuse_non_finite(value, f"{path}.{key}" if path else str(key))
-    return data
+from models.positions import Encoding, IdScheme, PositionalScheme
+from trial import metrics
+from trial.analysis_specs import LossGapSpec, SparsitySpec
+from trial.limits import (
+    MAX_BATCH,
+    MAX_PARAMETERS,
+    MAX_POSITION,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_STEPS,
+    Strict,
+    refuse_non_finite,
+)
+from trial.yaml_io import load_yaml
 
 
 class TaskSpec(Strict):
@@ -56,7 +38,7 @@ class TaskSpec(Strict):
 
 
 class PositionalSpec(Strict):
-    encoding: Literal["nope", "learned", "rope", "alibi"] = "learned"
+    encoding: Encoding = "learned"
     ids: IdScheme = "sequential"
     max_position: int = Field(
         128, ge=2, le=MAX_POSITION, description="ids are < max_position in training and test")
@@ -77,14 +59,19 @@ class PositionalSpec(Strict):
 
     @model_validator(mode="after")
     def _head_options_need_a_head(self) -> "PositionalSpec":
-        if self.position_target != "absolute" and self.ids != "predicted":
+        if self.position_target != "absolute" and not self.scheme.has_position_head:
             raise ValueError(f"position_target: {self.position_target!r} shapes PPC's position head, which only "
                              f"ids: predicted has (ids is {self.ids!r})")
         return self
 
     @property
+    def scheme(self) -> PositionalScheme:
+        """What the loop, the evaluation and the analyses ask about ids (models/positions.py)."""
+        return PositionalScheme(self.encoding, self.ids, self.max_position, self.shift, self.pose_chunks)
+
+    @property
     def label(self) -> str:
-        return f"{self.encoding}+{self.ids}"
+        return self.scheme.label
 
 
 class ModelSpec(Strict):
@@ -138,52 +125,6 @@ class EvalSpec(Strict):
     every_steps: int = Field(100, ge=1, description="validate and report every N steps")
 
 
-class LossGapSpec(Strict):
-    """After training a language model: how much of the short-to-long loss gap k tokens recover
-    (study/loss_gap.py). long_context is L_bar, short_context is L."""
-
-    long_context: int = Field(256, ge=2)
-    short_context: int = Field(32, ge=1)
-    ks: list[int] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
-    method: Literal["greedy", "gain", "occlusion", "attention"] = "gain"
-    targets: int = Field(64, ge=1)
-    rows_per_batch: int = Field(64, ge=1)
-    min_gap: float = Field(0.05, ge=0)
-    sparse_k: int = Field(4, ge=1, description="a token is 'sparse' when k tokens recover half its gap")
-
-    @model_validator(mode="after")
-    def _fits(self) -> "LossGapSpec":
-        from study.loss_gap import GapConfig
-
-        GapConfig(**self.model_dump(exclude={"sparse_k"}))
-        if self.sparse_k not in self.ks:
-            raise ValueError(f"sparse_k: {self.sparse_k} must be one of ks {self.ks}")
-        return self
-
-
-class SparsitySpec(Strict):
-    """After training: the sparsity meter (study/sparsity.py), per target token the smallest k of
-    earlier tokens that recovers `recover` of its loss gap, checked against the planted
-    dependencies on synthetic tasks."""
-
-    method: Literal["occlusion", "greedy", "gain", "attention"] = Field(
-        "occlusion", description="how the k tokens are ranked (greedy and gain cannot find an xor's bits)")
-    ablation: Literal["auto", "resample", "hide"] = Field(
-        "auto", description="how a token is taken away: resample its value (synthetic tasks, the default "
-        "there) or hide it from attention (the paper's truncation; text)")
-    targets: int = Field(256, ge=1, le=MAX_SAMPLES)
-    k_max: int = Field(8, ge=1, le=4096)
-    recover: float = Field(0.9, gt=0, le=1, description="share of the gap k tokens must recover")
-    min_gap: float = Field(0.1, ge=0, description="targets with a smaller gap are counted as flat")
-    draws: int = Field(16, ge=1, le=4096, description="resample: redraws per visibility pattern")
-    short_context: int | None = Field(
-        None, ge=0, description="tokens before the target always kept (default: 0 resample, 1 hide, 32 text)")
-    long_context: int = Field(256, ge=2, description="text: tokens of context before each target")
-    length: int | None = Field(None, ge=1, description="synthetic: measure at this length (default: training mix)")
-    k: int | None = Field(None, ge=1, description="synthetic k-tasks: measure at this k")
-    rows_per_batch: int = Field(256, ge=1, le=MAX_BATCH)
-
-
 class TrialConfig(Strict):
     task: TaskSpec
     positional: PositionalSpec = PositionalSpec()
@@ -217,7 +158,7 @@ class TrialConfig(Strict):
                 d_ff=m.d_ff,
                 dropout=m.dropout,
                 encoding=p.encoding,
-                position_head=p.ids == "predicted",
+                position_head=p.scheme.has_position_head,
                 position_target=p.position_target,
                 id_window=p.id_window,
                 id_window_heads=p.id_window_heads,
@@ -228,6 +169,10 @@ class TrialConfig(Strict):
                 attn_scale=m.attn_scale,
             )
         )
+
+    def analyses_on(self) -> list[str]:
+        """The analyses this trial runs after training: the names of its sections that are given."""
+        return [name for name in ("loss_gap", "sparsity") if getattr(self, name) is not None]
 
     def grid(self) -> list[tuple[int, int | None]]:
         """Evaluation cells (length, k_test)."""
@@ -244,17 +189,14 @@ class TrialConfig(Strict):
         rows = 2 * len(self.task_obj.vocab)  # token embedding and LM head
         if p.encoding == "learned":
             rows += p.max_position
-        if p.ids == "predicted":  # the position head's classes (the pointer's q and k: 2d rows)
+        if p.scheme.has_position_head:  # the position head's classes (the pointer's q and k: 2d rows)
             rows += {"absolute": p.max_position, "delta": 2 * p.max_position - 1, "pointer": 2 * d,
                      "pointer_softmax": 2 * d}[p.position_target]
         return rows * d + m.n_layers * (4 * d * d + 2 * d * ff)
 
     def ids_needed(self, length: int, k: int | None) -> int:
         """Largest position id the model sees for this cell (+1 = the max_position it needs)."""
-        task = self.task_obj
-        if uses_task_ids(self.positional.ids):
-            return task.max_position_id(length, k)
-        return task.max_seq_len(length, k) - 1
+        return self.positional.scheme.largest_id(self.task_obj, length, k)
 
     @model_validator(mode="after")
     def _check_task_and_grid(self) -> "TrialConfig":
@@ -312,10 +254,8 @@ class TrialConfig(Strict):
         return self
 
     def _check_sparsity(self, task: tasks.Task, max_pos: int) -> None:
-        from study.sparsity import resolve
-
         s = self.sparsity
-        _, short = resolve(s, task)  # raises naming sparsity.ablation / sparsity.short_context
+        _, short = s.resolve(task)  # raises naming sparsity.ablation / sparsity.short_context
         if task.evaluation == "loss":
             for name in ("length", "k"):
                 if getattr(s, name) is not None:
@@ -348,12 +288,12 @@ class TrialConfig(Strict):
 
 
 def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
-    """What a study may select on for this trial: (metrics in every report, from study/train.py's
-    `validate`; patterns of metrics only in the last report, from its `summarize` and the loss gap).
+    """What a study may select on for this trial (trial/metrics.py): (metrics in every report;
+    patterns of metrics only in the last report, from the grid's summary and the analyses).
     Metrics that would always be NaN (exact match of language modeling, beyond-train accuracy
     without a test length beyond it) are left out. Kept beside the config so that validating a spec
     does not import the training loop."""
-    every = ["val_loss", "val_token_acc", "val_exact", "val_answer_acc"]
+    every = metrics.reported_every_time()
     task = cfg.task_obj
     cells = cfg.grid()
     last = set()
@@ -365,98 +305,12 @@ def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
         last -= {"exact_in_dist", "exact_beyond"}
     else:
         last -= {"loss_in_dist", "loss_beyond"}
-    if cfg.loss_gap is not None:  # study/loss_gap.py gap_metrics names them
+    if cfg.loss_gap is not None:  # analysis/loss_gap.py gap_metrics names them
         last.add("loss_gap/*")
-    if cfg.sparsity is not None:  # study/sparsity.py sparsity_metrics names them
+    if cfg.sparsity is not None:  # analysis/sparsity.py sparsity_metrics names them
         last.add("sparsity/*")
     return every, last
 
 
-class InputFileError(ValueError):
-    """A file that is not one YAML mapping; the message starts with `file:line:column:`."""
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses what PyYAML lets through: a key given twice (PyYAML keeps the last
-    silently) and nesting deeper than MAX_YAML_DEPTH (its recursive composer would end in a
-    RecursionError). Errors name the dotted path of the key."""
-
-    def __init__(self, stream):
-        super().__init__(stream)
-        self.path: list = []  # keys (and list positions) down to the node being composed
-
-    def compose_node(self, parent, index):
-        self.path.append(index.value if isinstance(index, yaml.ScalarNode) else index)
-        try:
-            if len(self.path) > MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"{self._dotted()[:60]}...: nested deeper than {MAX_YAML_DEPTH} levels",
-                    self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self.path.pop()
-
-    def compose_mapping_node(self, anchor):
-        node = super().compose_mapping_node(anchor)
-        first: dict = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node)
-            if key in first:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"{self._dotted(key)}: duplicate key (first on line {first[key].line + 1})",
-                    key_node.start_mark)
-            first[key] = key_node.start_mark
-        return node
-
-    def _dotted(self, *more) -> str:
-        return ".".join(str(p) for p in [*self.path, *more] if p is not None) or "(top level)"
-
-
-def load_yaml(path: str, what: str) -> dict:
-    """Read a file holding one YAML mapping (`what` says which kind, for the error). Aliases are not
-    expanded without bound: an alias bomb is refused before anything is built."""
-    from study.preflight import YamlBomb, check_yaml_expansion
-
-    try:
-        check_yaml_expansion(path)
-    except YamlBomb as e:
-        raise InputFileError(str(e)) from None
-    with open(path) as f:
-        try:
-            loader = _StrictLoader(f)
-            try:
-                data = loader.get_single_data()
-            finally:
-                loader.dispose()
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-            raise InputFileError(f"{where}: {'; '.join(filter(None, [e.context, e.problem]))}") from None
-        except yaml.YAMLError as e:  # a character YAML may not hold
-            raise InputFileError(f"{path}: {' '.join(str(e).split())}") from None
-    if not isinstance(data, dict):
-        raise InputFileError(f"{path}: {what} is a YAML mapping, not {type(data).__name__}")
-    return data
-
-
 def load_trial_config(path: str) -> TrialConfig:
     return TrialConfig.model_validate(load_yaml(path, "a trial config"))
-
-
-def describe_errors(error: Exception) -> str:
-    """One line per problem, each starting with the dotted field it is about."""
-    from pydantic import ValidationError
-
-    if not isinstance(error, ValidationError):
-        return str(error)
-    lines = []
-    for e in error.errors():
-        field = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if field and re.match(r"[\w.]+: ", msg):  # our validators name the sub-field themselves
-            lines.append(f"{field}.{msg}")
-        else:
-            lines.append(f"{field}: {msg}" if field else msg)
-    return "\n".join(lines)

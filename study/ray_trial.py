@@ -24,10 +24,10 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from study.storage import join, patiently
-from study.train import train_loop_per_worker
-
-TRIAL_KEY = "trial"  # the Tune config holds the full trial config under this key
+from analysis import ANALYSES
+from study import ray_compat
+from trial.loop import train_loop_per_worker
+from trial.storage import join, patiently
 
 
 class _RaySession:
@@ -48,18 +48,10 @@ class _RaySession:
         checkpoint = self.api.Checkpoint.from_directory(checkpoint_dir)
         if self.api is ray.tune:
             # in the trial's process the upload comes first, then the report: the whole call is tried
-            # again, under the same checkpoint_NNNNNN (Private API: the session's StorageContext, whose
-            # index each call advances before it uploads)
-            from ray.train._internal.session import get_session
-
-            storage = get_session().storage
-            index = storage.current_checkpoint_index
-
-            def upload_and_report():
-                storage.current_checkpoint_index = index
-                self.api.report(dict(metrics), checkpoint=checkpoint)
-
-            patiently(upload_and_report, "checkpoint upload")
+            # again, under the same checkpoint_NNNNNN
+            ray_compat.report_retrying_under_one_index(
+                lambda: self.api.report(dict(metrics), checkpoint=checkpoint),
+                lambda call: patiently(call, "checkpoint upload"))
             return
         # a Ray Train worker: report is collective (the ranks agree on the checkpoint's name first),
         # so only this rank's upload is tried again (DeveloperAPI: the worker's StorageContext)
@@ -79,16 +71,16 @@ class _RaySession:
 
 def ray_train_loop(config: dict) -> None:
     """What each Ray Train worker runs."""
-    train_loop_per_worker(config, _RaySession(ray.train))
+    train_loop_per_worker(config, _RaySession(ray.train), ANALYSES)
 
 
 def run_trial(config: dict) -> None:
     """Tune function trainable: run one trial's TorchTrainer to completion."""
-    trial = config[TRIAL_KEY]
+    trial = config["trial"]  # the Tune config holds the full trial config under this key
     res = config["resources"]
     workers = res["workers_per_trial"]
     if workers == 1:
-        train_loop_per_worker(trial, _RaySession(ray.tune))
+        train_loop_per_worker(trial, _RaySession(ray.tune), ANALYSES)
         return
     context = ray.tune.get_context()
     trainer = TorchTrainer(

@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from models import DecoderLM, generate, generation_modes, inference_ids
-from models.positions import IdScheme
+from models import DecoderLM, PositionalScheme, generate
 from tasks import Batch, Task
 
 
@@ -72,14 +71,14 @@ def _all_sum(values: list[float], device: torch.device) -> list[float]:
 
 @torch.no_grad()
 def validate(
-    model, module: DecoderLM, batches: list[Batch], scheme: IdScheme, position_loss_weight: float, device
+    model, module: DecoderLM, batches: list[Batch], scheme: PositionalScheme, position_loss_weight: float, device
 ) -> dict[str, float]:
     """Teacher-forced metrics on held-out training-distribution batches (this rank's shard)."""
     was_training = module.training
     module.eval()
     loss_sum = tok_right = tok_n = seq_right = ans_right = n = 0.0
     for batch in batches:
-        x = Tensors.of(batch, inference_ids(scheme, batch.position_ids), device)
+        x = Tensors.of(batch, scheme.inference_ids(batch.position_ids), device)
         loss, _, (logits, pos_logits) = next_token_loss(model, module, x, position_loss_weight)
         mask, ans = x.loss_mask[:, 1:], x.answer_mask[:, 1:]
         right = logits.argmax(-1) == x.tokens[:, 1:]
@@ -108,13 +107,13 @@ def validate(
 
 @torch.no_grad()
 def evaluate_cell(
-    module: DecoderLM, task: Task, scheme: IdScheme, length: int, k: int | None,
+    module: DecoderLM, task: Task, scheme: PositionalScheme, length: int, k: int | None,
     samples: int, batch_size: int, rng: np.random.Generator, device,
 ) -> list[dict]:
     """Greedy generation on one (length, k) cell; one record per generation id mode."""
     was_training = module.training
     module.eval()
-    modes = generation_modes(scheme)
+    modes = scheme.generation_modes
     counts = {m: np.zeros(4) for m in modes}  # answer right, exact, ids right, n
     done = 0
     while done < samples:
@@ -124,7 +123,7 @@ def evaluate_cell(
         assert (batch.prompt_len == P).all() and (batch.seq_len == batch.seq_len[0]).all()
         G = int(batch.seq_len[0]) - P
         tokens = torch.from_numpy(batch.tokens).to(device)
-        ids = torch.from_numpy(inference_ids(scheme, batch.position_ids)).to(device)
+        ids = torch.from_numpy(scheme.inference_ids(batch.position_ids)).to(device)
         oracle = torch.from_numpy(batch.position_ids[:, P:]).to(device)
         target, ans = tokens[:, P:], torch.from_numpy(batch.answer_mask[:, P:]).to(device)
         for mode in modes:
@@ -152,7 +151,7 @@ def evaluate_cell(
 
 @torch.no_grad()
 def evaluate_loss_cell(
-    module: DecoderLM, task: Task, scheme: IdScheme, length: int, samples: int, batch_size: int,
+    module: DecoderLM, task: Task, scheme: PositionalScheme, length: int, samples: int, batch_size: int,
     rng: np.random.Generator, device,
 ) -> list[dict]:
     """Teacher-forced loss on held-out windows of one length (language modeling): the mean over all
@@ -164,7 +163,7 @@ def evaluate_loss_cell(
     while done < samples:
         batch = task.sample(min(batch_size, samples - done), rng, length=length)
         done += len(batch)
-        x = Tensors.of(batch, inference_ids(scheme, batch.position_ids), device)
+        x = Tensors.of(batch, scheme.inference_ids(batch.position_ids), device)
         logits, _, _ = module(x.tokens[:, :-1], x.ids[:, :-1])
         mask = x.loss_mask[:, 1:]
         loss = F.cross_entropy(logits.float().transpose(1, 2), x.tokens[:, 1:], reduction="none")
@@ -175,14 +174,14 @@ def evaluate_loss_cell(
     module.train(was_training)
     loss_sum, n, right, tail_sum, tail_n, windows = _all_sum(list(sums), device)  # over all ranks
     return [{
-        "length": length, "k": None, "ids": generation_modes(scheme)[0], "loss": loss_sum / n,
+        "length": length, "k": None, "ids": scheme.own_ids, "loss": loss_sum / n,
         "loss_beyond_train": tail_sum / tail_n if tail_n else float("nan"),
         "answer_acc": right / n, "exact_match": float("nan"), "n": int(windows),
     }]
 
 
 def evaluate_grid(
-    module: DecoderLM, task: Task, scheme: IdScheme, cells: list[tuple[int, int | None]],
+    module: DecoderLM, task: Task, scheme: PositionalScheme, cells: list[tuple[int, int | None]],
     samples_per_cell: int, batch_size: int, seed: int, rank: int, world_size: int, device,
 ) -> list[dict]:
     """All cells; each rank draws its own samples (seeded by cell and rank) and counts are summed."""

@@ -1,0 +1,228 @@
+"""The sparsity meter: how many earlier tokens a trained model's prediction of each target needs.
+
+Per target token (an answer or scratchpad token of a synthetic task, a text token of `lm`): take
+the context away (L_short), give back the k tokens a method ranks first (L_short,sparse(k)) for
+k = 1..k_max, and record the smallest k that recovers `recover` (90%) of the gap L_short - L_long,
+with the positions it chose. Synthetic tasks plant the answer: `meta["deps"]` lists the tokens each
+target depends on, so the meter reports whether its k equals the planted k and the precision and
+recall of its chosen tokens against the planted ones. The machinery is analysis/loss_gap.py's.
+
+How a token is taken away (`ablation`) decides what is measured:
+- `hide` (the paper's truncation; the only choice for text): the token leaves attention. A model
+  then answers for a *shorter sample*, which for an xor is another valid input: the parity of the
+  B's still visible. Hiding every marked 0 changes nothing and one visible B already answers "1",
+  so on sparse_parity the hidden-token meter finds k = 1 or no gap at all, whatever the planted k
+  (measured; README, "Sparsity, measured").
+- `resample` (synthetic tasks; the default there): the token's value is redrawn inside its value
+  class (`Task.value_classes`: 0 <-> 1, A <-> B), `draws` times, and the loss is that of the
+  mixture prediction. The sample keeps its structure (a marked bit stays marked), so the model is
+  ignorant of the value, which is what "depends on" means for the planted k.
+Short window: with `resample` nothing stays by default (L = 0: the token that predicts the target is
+a candidate too, so a scratchpad step counts its previous step); with `hide` the predicting token
+always sees itself (L = 1 on synthetic tasks, 32 on text).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from analysis.loss_gap import ResampleScorer, TargetScorer, analyze_window, sample_windows
+from models.positions import PositionalScheme
+
+
+@dataclass
+class Target:
+    """One target token: the window ending with it, the context's ids, the planted dependencies."""
+
+    window: np.ndarray  # [L_bar + 1] tokens, the target last
+    ids: np.ndarray  # [L_bar] position ids of the context
+    kind: str  # answer | scratchpad | eos | text
+    planted: list[int] | None  # positions (in the window) the target depends on; None for text
+    length: int | None = None
+    k_task: int | None = None
+
+
+def synthetic_targets(task, scheme: PositionalScheme, n: int, seed: int, length: int | None = None,
+                      k: int | None = None) -> list[Target]:
+    """The first n target tokens of samples drawn from the training distribution (or one cell),
+    each with its planted dependency set."""
+    rng = np.random.default_rng([seed, 4241])
+    out: list[Target] = []
+    while len(out) < n:
+        batch = task.sample(min(64, n), rng, length=length, k=k)
+        ids = scheme.inference_ids(batch.position_ids)
+        for b in range(len(batch)):
+            cols = np.flatnonzero(batch.loss_mask[b])
+            for j, t in enumerate(cols):
+                kind = ("answer" if batch.answer_mask[b, t] else
+                        "eos" if batch.tokens[b, t] == task.vocab.eos_id else "scratchpad")
+                out.append(Target(batch.tokens[b, : t + 1], ids[b, :t], kind, list(batch.meta[b]["deps"][j]),
+                                  batch.meta[b].get("length", None), batch.meta[b].get("k", None)))
+                if len(out) == n:
+                    return out
+    return out
+
+
+def text_targets(tokens: np.ndarray, n: int, long_context: int, seed: int) -> list[Target]:
+    windows = sample_windows(tokens, n, long_context + 1, seed)
+    return [Target(w, np.arange(long_context), "text", None) for w in windows]
+
+
+def measure(model, targets: list[Target], *, ablation: str, short_context: int, k_max: int, method: str,
+            recover: float, min_gap: float, classes: list[list[int]] | None = None, vocab_size: int = 0,
+            draws: int = 16, rows_per_batch: int = 256, seed: int = 0, device="cpu",
+            progress: Callable[[int, int, float], None] | None = None) -> tuple[pd.DataFrame, dict]:
+    """One row per target: the losses, the smallest k recovering `recover` of the gap, the tokens
+    chosen for it, and against the planted set (synthetic tasks) k_planted, precision and recall."""
+    model.eval()
+    if ablation == "resample":
+        scorer = ResampleScorer(model, classes, vocab_size, device, rows_per_batch, draws, seed)
+    else:
+        scorer = TargetScorer(model, device, rows_per_batch)
+    ks = list(range(1, k_max + 1))
+    rows, start, last = [], time.perf_counter(), time.perf_counter()
+    for i, tgt in enumerate(targets):
+        window = torch.as_tensor(tgt.window, device=device)
+        ids = torch.as_tensor(tgt.ids, device=device)
+        recs = analyze_window(scorer, window, short_context, ks, method, min_gap, ids)
+        rows.append({"target": i, "kind": tgt.kind, "length": tgt.length, "k_task": tgt.k_task,
+                     **_k_needed(recs, recover, min_gap, k_max),
+                     **_against_plant(tgt, scorer, window, short_context)})
+        if progress is not None and (time.perf_counter() - last > 10 or i + 1 == len(targets)):
+            last = time.perf_counter()
+            progress(i + 1, len(targets), last - start)
+    seconds = time.perf_counter() - start
+    return pd.DataFrame(rows), {"seconds": seconds, "seconds_per_1k_targets": 1000 * seconds / max(len(targets), 1)}
+
+
+def _k_needed(recs: list[dict], recover: float, min_gap: float, k_max: int) -> dict:
+    if not recs:
+        return {"L_long": math.nan, "L_short": math.nan, "gap": math.nan, "flat": True, "k": math.nan,
+                "recovered": math.nan, "chosen": []}
+    gap = recs[0]["gap"]
+    base = {"L_long": recs[0]["L_long"], "L_short": recs[0]["L_short"], "gap": gap}
+    if gap < min_gap:  # the short window already predicts it: nothing to recover
+        return {**base, "flat": True, "k": math.nan, "recovered": math.nan, "chosen": []}
+    for r in recs:
+        if r["recovered"] >= recover:
+            return {**base, "flat": False, "k": r["k"], "recovered": r["recovered"], "chosen": r["positions"]}
+    return {**base, "flat": False, "k": k_max + 1, "recovered": recs[-1]["recovered"], "chosen": recs[-1]["positions"]}
+
+
+def _against_plant(tgt: Target, scorer, window: torch.Tensor, short_context: int) -> dict:
+    """The planted tokens the meter can find: among its candidates (before the short window) and,
+    for resample, tokens with a value class."""
+    if tgt.planted is None:
+        return {}
+    C = len(tgt.window) - 1 - short_context
+    findable = set(p for p in tgt.planted if p < C)
+    if isinstance(scorer, ResampleScorer):
+        can = scorer.resamplable(window).tolist()
+        findable = {p for p in findable if can[p]}
+    return {"planted": sorted(findable), "k_planted": len(findable)}
+
+
+def add_plant_scores(table: pd.DataFrame) -> pd.DataFrame:
+    """precision, recall of the chosen tokens and whether k equals the planted k (counted targets)."""
+    if "planted" not in table:
+        return table
+    t = table.copy()
+    hit = [len(set(c) & set(p)) for c, p in zip(t.chosen, t.planted)]
+    t["precision"] = [h / len(c) if len(c) else math.nan for h, c in zip(hit, t.chosen)]
+    t["recall"] = [h / len(p) if len(p) else math.nan for h, p in zip(hit, t.planted)]
+    t["k_match"] = (t.k == t.k_planted).where(~t.flat)
+    return t
+
+
+def summarize(table: pd.DataFrame, k_max: int) -> dict[str, float]:
+    """The distribution of k over targets with a gap (k_max + 1 stands for 'not within k_max'),
+    and the planted-truth scores where there is a plant."""
+    counted = table[~table.flat]
+    ks = counted.k.to_numpy(dtype=float)
+    out = {
+        "targets": len(table), "targets_counted": len(counted), "targets_flat": int(table.flat.sum()),
+        "k_median": float(np.median(ks)) if len(ks) else math.nan,
+        "k_p90": float(np.percentile(ks, 90)) if len(ks) else math.nan,
+        "k_mean": float(ks.mean()) if len(ks) else math.nan,
+        "unrecovered": float((ks > k_max).mean()) if len(ks) else math.nan,
+    }
+    if "k_match" in table:
+        planted = counted[counted.k_planted > 0]
+        out.update({
+            "k_match": float(planted.k_match.mean()) if len(planted) else math.nan,
+            "precision": float(planted.precision.mean()) if len(planted) else math.nan,
+            "recall": float(planted.recall.mean()) if len(planted) else math.nan,
+            "k_planted_median": float(planted.k_planted.median()) if len(planted) else math.nan,
+        })
+    return out
+
+
+def by_kind(table: pd.DataFrame, k_max: int) -> pd.DataFrame:
+    """summarize() per target kind (answer, scratchpad, eos, text) and over all of them."""
+    parts = {kind: summarize(g, k_max) for kind, g in table.groupby("kind", sort=False)}
+    if len(parts) > 1:
+        parts["all"] = summarize(table, k_max)
+    return pd.DataFrame(parts).T.rename_axis("kind").reset_index()
+
+
+def run_meter(model, task, scheme: PositionalScheme, spec, seed: int, device="cpu", progress=None,
+              text_tokens: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
+    """The meter on one trained model as a `sparsity:` section asks (spec: trial.analysis_specs.SparsitySpec);
+    text_tokens: the text for a language model (default: the task's validation split)."""
+    ablation, short = spec.resolve(task)
+    if task.evaluation == "loss":
+        tokens = task.val_tokens if text_tokens is None else text_tokens
+        targets = text_targets(tokens, spec.targets, spec.long_context, seed)
+    else:
+        targets = synthetic_targets(task, scheme, spec.targets, seed, spec.length, spec.k)
+    classes = [task.vocab.ids(c).tolist() for c in task.value_classes()]
+    table, timing = measure(model, targets, ablation=ablation, short_context=short, k_max=spec.k_max,
+                            method=spec.method, recover=spec.recover, min_gap=spec.min_gap, classes=classes,
+                            vocab_size=len(task.vocab), draws=spec.draws, rows_per_batch=spec.rows_per_batch,
+                            seed=seed, device=device, progress=progress)
+    table = add_plant_scores(table)
+    return table, {**timing, "ablation": ablation, "short_context": short}
+
+
+def after_training(module, task, cfg, device) -> tuple[dict, dict]:
+    """The training loop's call (registered as `sparsity`, analysis/__init__.py): flat
+    `sparsity/...` metrics, and the per-target rows under `sparsity_targets`."""
+    table, info = run_meter(module, task, cfg.positional.scheme, cfg.sparsity, cfg.seed, device)
+    metrics = {f"sparsity/{k}": v for k, v in summarize(table, cfg.sparsity.k_max).items()}
+    metrics["sparsity/seconds_per_1k_targets"] = info["seconds_per_1k_targets"]
+    return metrics, {"sparsity_targets": csv_ready(table).to_dict("records")}
+
+
+def csv_ready(table: pd.DataFrame) -> pd.DataFrame:
+    lists = [c for c in ("chosen", "planted") if c in table]
+    return table.assign(**{c: table[c].map(lambda v: " ".join(map(str, v))) for c in lists})
+
+
+def plot_k(table: pd.DataFrame, k_max: int, path: str) -> str:
+    """How many targets needed each k; the planted k beside it where there is one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counted = table[~table.flat.astype(bool)]
+    bins = np.arange(0.5, k_max + 2.5)
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ax.hist(counted.k, bins=bins, alpha=0.7, label="measured k")
+    if "k_planted" in counted:
+        ax.hist(counted.k_planted, bins=bins, histtype="step", lw=2, color="k", label="planted k")
+    ax.set_xticks(range(1, k_max + 2), [*map(str, range(1, k_max + 1)), f">{k_max}"])
+    ax.set_xlabel("tokens needed to recover the gap (k)")
+    ax.set_ylabel("targets")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,100 @@
+"""Every private Ray name the platform relies on, in one place. Checked on Ray 2.60.0.
+
+Each one is here because no public API does the job (the reason is beside it), and
+tests/test_ray_compat.py fails when Ray renames, moves or re-signs one, so an upgrade of Ray breaks a
+test here rather than a study. Nothing else in the project may name a private Ray module or
+attribute (tests/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+CHECKED_ON = "2.60.0"
+
+# Ray's loggers that report a failed storage call of the Tune controller (study/snapshots.py quiets them)
+STORAGE_LOGGERS = ("ray.tune.execution.experiment_state", "ray.train._internal.storage", "ray.tune.tune")
+
+
+def ray_address_from_environment() -> str | None:
+    """What `address="auto"` resolves to on this machine (RAY_ADDRESS, then the newest local cluster).
+    Private: `ray.init` resolves it only by connecting, and preflight must say "no cluster" first."""
+    from ray._private.services import get_ray_address_from_environment
+
+    return get_ray_address_from_environment("auto", None)
+
+
+def restored_tuner_configs(tuner):
+    """(TuneConfig, RunConfig) of a Tuner made by `Tuner.restore`, which Tune reads again when fit()
+    starts. Private: `Tuner.restore` takes no new TuneConfig/RunConfig, and a resume must apply the
+    resumable changes (concurrency, warm processes, retries, this run's callbacks)."""
+    local = tuner._local_tuner
+    return local._tune_config, local.get_run_config()
+
+
+@contextmanager
+def controller_checkpoint_wrapped(make_wrapper: Callable[[Callable], Callable]) -> Iterator[None]:
+    """While inside, Tune's controller saves its experiment state through `make_wrapper(original)`
+    (original: `TuneController.checkpoint(self, force, wait)`). Private: Tune saves on a timer only,
+    and a resume depends on a save after each event (study/snapshots.py)."""
+    from ray.tune.execution.tune_controller import TuneController
+
+    original = TuneController.checkpoint
+    if list(inspect.signature(original).parameters) != ["self", "force", "wait"]:
+        raise RuntimeError(f"ray.tune's TuneController.checkpoint(force, wait) changed (checked on Ray "
+                           f"{CHECKED_ON}); study/ray_compat.py must follow it")
+    TuneController.checkpoint = make_wrapper(original)
+    try:
+        yield
+    finally:
+        TuneController.checkpoint = original
+
+
+@contextmanager
+def checkpoint_deletion_replaced(replacement: Callable[[object, str], None]) -> Iterator[None]:
+    """While inside, Tune deletes a trial's checkpoints beyond num_to_keep with `replacement(fs,
+    fs_path)`. Private: the driver calls this as it takes a trial's report, and a storage that did not
+    answer raised out of the controller's loop (the study ended in a traceback)."""
+    from ray.train._internal import checkpoint_manager
+
+    delete = checkpoint_manager._delete_fs_path
+    if list(inspect.signature(delete).parameters) != ["fs", "fs_path"]:
+        raise RuntimeError(f"ray.train's checkpoint_manager._delete_fs_path(fs, fs_path) changed (checked "
+                           f"on Ray {CHECKED_ON}); study/ray_compat.py must follow it")
+    checkpoint_manager._delete_fs_path = replacement
+    try:
+        yield
+    finally:
+        checkpoint_manager._delete_fs_path = delete
+
+
+def controller_storage(controller):
+    """The controller's StorageContext (filesystem, experiment path, driver staging path). Private:
+    snapshots check that the state just saved is the one in storage."""
+    return controller._storage
+
+
+def experiment_state_paths(controller) -> tuple[str, str]:
+    """(the experiment state file staged on the driver, where it is in storage)."""
+    from pathlib import Path
+
+    storage, name = controller._storage, controller.experiment_state_file_name
+    return str(Path(storage.experiment_driver_staging_path, name)), f"{storage.experiment_fs_path}/{name}"
+
+
+def report_retrying_under_one_index(report: Callable[[], None], retry: Callable) -> None:
+    """In a Tune trial's process: `retry(call)` calls again a report whose checkpoint upload failed,
+    under the same checkpoint_NNNNNN. Private: the session's StorageContext advances its
+    `current_checkpoint_index` before each upload, so a plain retry would skip a number."""
+    from ray.train._internal.session import get_session
+
+    storage = get_session().storage
+    index = storage.current_checkpoint_index
+
+    def again():
+        storage.current_checkpoint_index = index
+        report()
+
+    retry(again)

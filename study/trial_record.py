@@ -1,0 +1,115 @@
+"""What one trial leaves in its MLflow run besides Tune's metrics: the per-length grid as metrics
+and a table, its accuracy-by-length figure, and the tables and figures of its analyses.
+
+The grid's metrics: `acc_len/k{K}` (and `exact_len`, `loss_len`) with the test length as the step,
+so MLflow's chart of it is the extrapolation curve; the same accuracy as flat `acc_at_len{N}/k{K}`
+keys, which the runs table can show side by side, for at most 8 lengths x 4 k (evenly spaced, the
+shortest and longest among them): a run's metrics stay bounded as the grid grows. The whole grid is
+always `eval/records.csv`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+from mlflow.entities import Metric
+
+from trial.analysis_specs import SparsitySpec
+
+
+def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -> None:
+    """The tables and figures of a trial's last report (none in earlier reports)."""
+    records = result.get("eval_records")
+    if records:
+        client.log_text(run_id, records_csv(records), "eval/records.csv")
+        log_trial_plot(client, run_id, records, trial_config)
+    if result.get("loss_gap_records"):
+        log_loss_gap(client, run_id, result["loss_gap_summary"], result["loss_gap_records"])
+    if result.get("sparsity_targets"):
+        log_sparsity(client, run_id, result["sparsity_targets"], trial_config)
+
+
+def log_trial_plot(client, run_id: str, records: list[dict], trial_config: dict) -> None:
+    import tempfile
+
+    from study.figures import plot_trial
+    from study.report import train_sizes
+
+    train_length, _ = train_sizes(trial_config["task"])
+    with tempfile.TemporaryDirectory() as tmp:  # at the root: the compare view shows common artifacts
+        client.log_artifact(run_id, plot_trial(records, train_length, f"{tmp}/accuracy_vs_length.png"))
+
+def log_loss_gap(client, run_id: str, summary: list[dict], records: list[dict]) -> None:
+    import tempfile
+
+    import pandas as pd
+
+    from analysis.loss_gap import plot_gap
+
+    client.log_text(run_id, records_csv(summary), "loss_gap/summary.csv")
+    client.log_text(run_id, records_csv(records), "loss_gap/tokens.csv")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = plot_gap(pd.DataFrame(records), f"{tmp}/gap_scatter.png")
+        client.log_artifact(run_id, path, "loss_gap")
+
+def log_sparsity(client, run_id: str, rows: list[dict], trial_config: dict) -> None:
+    import tempfile
+
+    import pandas as pd
+
+    from analysis.sparsity import plot_k
+
+    client.log_text(run_id, records_csv(rows), "sparsity/targets.csv")
+    k_max = SparsitySpec.model_validate(trial_config["sparsity"]).k_max
+    with tempfile.TemporaryDirectory() as tmp:
+        client.log_artifact(run_id, plot_k(pd.DataFrame(rows), k_max, f"{tmp}/k_hist.png"), "sparsity")
+
+def extrapolation_metrics(records: list[dict], now: int) -> list[Metric]:
+    """The grid as MLflow metrics: per k and id mode a curve over length (one key each), and flat
+    `acc_at_len{N}/k{K}` keys for at most FLAT_LENGTHS x FLAT_KS cells of the model's own ids, so a
+    run's metric count stays bounded as the grid grows (the whole grid is eval/records.csv)."""
+    primary = records[0]["ids"]  # the model's own ids come first (PPC: predicted)
+    out = []
+    for r in records:
+        suffix = "" if r["ids"] == primary else f"/{r['ids']}"
+        k = "all" if r["k"] is None else r["k"]
+        for key, value in (("acc_len", r["answer_acc"]), ("exact_len", r["exact_match"]), ("loss_len", r.get("loss"))):
+            if value is not None and math.isfinite(value):
+                out.append(Metric(f"{key}/k{k}{suffix}", value, now, int(r["length"])))
+    # flat keys that say their length: the runs table shows a metric's last step only, which for
+    # acc_len/k{K} is the longest length with nothing saying so
+    own = [r for r in records if r["ids"] == primary]
+    lengths = spread(sorted({int(r["length"]) for r in own}), FLAT_LENGTHS)
+    ks = spread(sorted({r["k"] for r in own if r["k"] is not None}), FLAT_KS)
+    for r in own:
+        if int(r["length"]) in lengths and (r["k"] is None or r["k"] in ks) and math.isfinite(r["answer_acc"]):
+            k = "all" if r["k"] is None else r["k"]
+            out.append(Metric(f"acc_at_len{int(r['length'])}/k{k}", r["answer_acc"], now, 0))
+    return out
+
+
+FLAT_LENGTHS, FLAT_KS = 8, 4  # flat acc_at_len keys: at most 32 per run, whatever the grid
+
+
+def spread(values: list, n: int) -> list:
+    """At most n of the sorted values, evenly spaced, the first and the last among them."""
+    if len(values) <= n:
+        return values
+    return [values[round(i * (len(values) - 1) / (n - 1))] for i in range(n)]
+
+
+def is_metric(key: str, value) -> bool:
+    if key in ("step", "training_iteration", "timestamp", "time_this_iter_s", "time_total_s",
+               "pid", "done", "iterations_since_restore", "time_since_restore") or key.endswith("_at"):
+        return False  # Tune's bookkeeping; *_at: wall-clock times, not quantities to plot
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def records_csv(records: list[dict]) -> str:
+    import pandas as pd
+
+    buf = io.StringIO()
+    pd.DataFrame(records).to_csv(buf, index=False)
+    return buf.getvalue()
+

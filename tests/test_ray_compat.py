@@ -1,0 +1,104 @@
+"""study/ray_compat.py against the installed Ray: every private name it uses is still there, with the
+shape it expects, and each of its functions does what its caller relies on. These fail when a Ray
+upgrade renames, moves or re-signs one (checked on Ray 2.60.0), before a study finds out."""
+
+from __future__ import annotations
+
+import inspect
+
+import ray
+
+from study import ray_compat
+
+
+def test_the_version_checked_is_the_one_installed_or_the_tests_below_say_what_changed():
+    # pyproject.toml pins ray~=2.60.0: patch releases keep private names; a minor release is checked again
+    assert ray_compat.CHECKED_ON.split(".")[:2] == ray.__version__.split(".")[:2], (
+        f"Ray {ray.__version__} is installed; ray_compat was checked on {ray_compat.CHECKED_ON}: run this "
+        "file, follow what fails, then set CHECKED_ON")
+
+
+def test_the_restored_tuner_configs_are_the_ones_fit_reads(tmp_path):
+    """study/tuning.py sets a restored Tuner's max_concurrent_trials, reuse_actors, max_failures and
+    callbacks through these two objects."""
+    from ray import tune
+
+    def trainable(config):
+        tune.report({"x": 1})
+
+    tuner = tune.Tuner(trainable, tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=3),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), name="t"))
+    tune_config, run_config = ray_compat.restored_tuner_configs(tuner)
+    assert tune_config.max_concurrent_trials == 3 and hasattr(tune_config, "reuse_actors")
+    assert hasattr(run_config.failure_config, "max_failures") and isinstance(run_config.callbacks, (list, type(None)))
+    tune_config.max_concurrent_trials = 5  # what fit() will read: the same object, not a copy
+    assert tuner._local_tuner._get_tune_run_arguments(trainable)["max_concurrent_trials"] == 5
+
+
+def test_the_controller_checkpoint_is_wrapped_and_put_back():
+    from ray.tune.execution.tune_controller import TuneController
+
+    original = TuneController.checkpoint
+    seen = []
+    with ray_compat.controller_checkpoint_wrapped(lambda orig: seen.append(orig) or (lambda self, force=False, wait=False: None)):
+        assert TuneController.checkpoint is not original and seen == [original]
+    assert TuneController.checkpoint is original
+
+
+def test_checkpoint_deletion_is_replaced_and_put_back():
+    from ray.train._internal import checkpoint_manager
+
+    original = checkpoint_manager._delete_fs_path
+    assert list(inspect.signature(original).parameters) == ["fs", "fs_path"]
+    replacement = lambda fs, fs_path: None  # noqa: E731
+    with ray_compat.checkpoint_deletion_replaced(replacement):
+        assert checkpoint_manager._delete_fs_path is replacement
+    assert checkpoint_manager._delete_fs_path is original
+
+
+def test_the_storage_context_names_snapshots_and_retries_read_are_there():
+    """The controller's StorageContext (experiment_state_paths, controller_storage) and the session
+    index a retried upload keeps (report_retrying_under_one_index)."""
+    from ray.train._internal import session
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.execution.tune_controller import TuneController
+
+    assert callable(session.get_session)
+    assert "experiment_state_file_name" in dir(TuneController)
+    for name in ("storage_filesystem", "experiment_fs_path", "experiment_driver_staging_path"):
+        assert name in inspect.getsource(StorageContext), name
+    assert "current_checkpoint_index" in inspect.signature(StorageContext.__init__).parameters
+    # the index names the checkpoint folder and advances by one per reported checkpoint
+    assert "self.current_checkpoint_index += 1" in inspect.getsource(StorageContext._update_checkpoint_index)
+    assert "current_checkpoint_index" in inspect.getsource(StorageContext.checkpoint_dir_name.fget)
+
+
+def test_a_retried_report_keeps_its_checkpoint_index(monkeypatch):
+    """A report whose upload failed twice goes in under the index it first had."""
+    from ray.train._internal import session
+
+    class Storage:
+        current_checkpoint_index = 7
+
+    class Session:
+        storage = Storage()
+
+    monkeypatch.setattr(session, "get_session", lambda: Session())  # a Tune trial's session, without a trial
+    used = []
+
+    def report():
+        used.append(Storage.current_checkpoint_index if "current_checkpoint_index" not in vars(Session.storage)
+                    else Session.storage.current_checkpoint_index)
+        Session.storage.current_checkpoint_index += 1  # Ray advances it before each upload
+        if len(used) < 3:
+            raise OSError("bucket down")
+
+    def retry(call):
+        for _ in range(3):
+            try:
+                return call()
+            except OSError:
+                continue
+
+    ray_compat.report_retrying_under_one_index(report, retry)
+    assert used == [7, 7, 7]
