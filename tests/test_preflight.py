@@ -133,3 +133,42 @@ def test_real_checkpoints_still_load_as_weights(zero_stage, tmp_path):
     state = model.state_dict()
     assert state and all(torch.isfinite(v).all() for v in state.values())
     assert json.loads((folder / "trial_config.json").read_text())["deepspeed"]["zero_stage"] == zero_stage
+
+
+# --- a record that outlives the cluster ---------------------------------------------------------------
+def test_a_cluster_study_recording_to_sqlite_is_warned_that_the_record_dies_with_the_head(tmp_path):
+    """On a cluster (`ray job submit` sets RAY_ADDRESS) the driver runs on the head node: the default
+    SQLite record is a file there and goes away with it. Warned (the study still runs), with how to point
+    --mlflow-uri at a server that outlives the cluster; a laptop's study and a tracking server are not."""
+    from study import preflight
+
+    spec = str(ROOT / "search_spaces" / "smoke.yaml")
+    storage = str(tmp_path / "studies")
+    cluster = run_dry({**ENV, "RAY_ADDRESS": "10.0.0.5:6379"}, spec, storage)  # as under `ray job submit`
+    assert cluster.returncode == 0, cluster.stderr
+    warnings = [line for line in cluster.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, cluster.stderr
+    for said in (f"sqlite:///{storage}/mlflow.db", "head node", "goes away", "--mlflow-uri http://",
+                 "mlflow server --backend-store-uri postgresql"):
+        assert said in warnings[0], warnings[0]
+    laptop = run_dry(ENV, spec, storage)  # the embedded Ray: the record stays on this machine
+    assert laptop.returncode == 0 and "warning" not in laptop.stderr, laptop.stderr
+    server = run_dry({**ENV, "RAY_ADDRESS": "10.0.0.5:6379"}, spec, storage,
+                     "--mlflow-uri", "http://10.0.0.9:5000")
+    assert server.returncode == 0 and "warning" not in server.stderr, server.stderr
+
+    # the same decision for each way of naming a cluster and a store
+    bucket_default = preflight.ephemeral_record(None, "ray://head:10001", "s3://bucket/studies")
+    assert f"sqlite:///{os.path.abspath('studies')}/mlflow.db" in bucket_default  # for a bucket: ./studies
+    assert "head node" in preflight.ephemeral_record("sqlite:////data/mlflow.db", "auto", storage)
+    for uri in ("http://mlflow.internal:5000", "https://mlflow.example.org",
+                "postgresql+psycopg2://mlflow@db:5432/mlflow"):
+        assert preflight.ephemeral_record(uri, "10.0.0.5:6379", storage) is None, uri
+    assert preflight.ephemeral_record(None, None, storage) is None  # run.py's address for the embedded Ray
+    assert preflight.ephemeral_record("sqlite:////data/mlflow.db", None, storage) is None
+
+
+def run_dry(env: dict, spec: str, storage: str, *extra: str) -> subprocess.CompletedProcess:
+    """`study/run.py --dry-run`: preflight, the spec and the plan; no Ray, no network."""
+    return subprocess.run([*RUN, "--space", spec, "--storage", storage, "--dry-run", *extra], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
