@@ -9,12 +9,15 @@ figures (2x and 3x the train length, 3 seeds) come from the coupling_* study spe
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from models import DecoderLM, ModelConfig, generate
-from study.train import train_loop_per_worker
+from trial.loop import train_loop_per_worker
 
 
 def model(**kw) -> DecoderLM:
@@ -127,13 +130,80 @@ def test_ppc_pointer_head_finds_the_next_marked_bit_past_the_train_length():
     assert pred["id_match"] <= 0.8, pred
 
 
-def test_shipped_trial_configs_validate():
+TRIALS = sorted((Path(__file__).resolve().parents[1] / "search_spaces" / "trials").glob("*.yaml"))
+
+
+def header(path: Path) -> str:
+    """The comment a trial config opens with: what it claims to be."""
+    lines = path.read_text().splitlines()
+    end = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    return " ".join(line.lstrip("# ") for line in lines[:end])
+
+
+def trained_ids(cfg, steps: int = 16) -> set[int]:
+    """Every position id the training loop gives a real token in its first `steps` batches (the
+    loop's own draws: task.sample, then the scheme's training ids)."""
+    from models.positions import training_ids
+
+    task, pos, seen = cfg.task_obj, cfg.positional, set()
+    for step in range(1, steps + 1):
+        batch = task.sample(cfg.optim.batch_size, np.random.default_rng([cfg.seed, 0, step]))
+        ids = training_ids(pos.ids, batch.position_ids, batch.seq_len, pos.max_position,
+                           np.random.default_rng([cfg.seed, 0, step, 1]), pos.shift, pos.pose_chunks,
+                           task.fixed_prefix)
+        seen |= set(ids[np.arange(ids.shape[1])[None, :] < batch.seq_len[:, None]].tolist())
+    return seen
+
+
+@pytest.mark.parametrize("path", TRIALS, ids=lambda p: p.stem)
+def test_shipped_trial_config_measures_what_it_claims(path):
+    """The science contract of each single-trial config: it measures extrapolation (an in-distribution
+    length and lengths of at least 2x the train length, every 'Nx' its comment names), the ids of its
+    longest test length were trained (the shift or PoSE reaches them), it is PPC exactly when it says
+    so, full attention when it says so, and with id-local heads every dependency of a target is within
+    the window at the longest test length (else those heads could not see it)."""
     import yaml
-    from pathlib import Path
 
-    from study.config import TrialConfig
+    from trial.config import TrialConfig
 
-    paths = sorted((Path(__file__).resolve().parents[1] / "search_spaces" / "trials").glob("*.yaml"))
-    assert len(paths) >= 6
-    for path in paths:
-        TrialConfig.model_validate(yaml.safe_load(path.read_text()))
+    cfg = TrialConfig.model_validate(yaml.safe_load(path.read_text()))
+    task, pos, claims = cfg.task_obj, cfg.positional, header(path)
+    n = task.train_length
+    lengths = cfg.eval.lengths
+    assert min(lengths) <= n, "no in-distribution length to compare with"
+    assert max(lengths) >= 2 * n, f"the longest test length {max(lengths)} is not 2x train_length {n}"
+    for times in map(int, re.findall(r"\b(\d+)x\b", claims)):
+        assert times * n in lengths, f"the comment claims {times}x train_length ({times * n}): {lengths}"
+
+    # every id a test cell gives a token (prompt and targets) is one training gave a real token
+    from models.positions import inference_ids
+
+    tested = set()
+    for length, k in cfg.grid():
+        batch = task.sample(16, np.random.default_rng(length), length=length, k=k)
+        ids = inference_ids(pos.ids, batch.position_ids)
+        tested |= set(ids[np.arange(ids.shape[1])[None, :] < batch.seq_len[:, None]].tolist())
+    need = max(cfg.ids_needed(length, k) for length, k in cfg.grid())
+    assert max(tested) <= need < pos.max_position
+    untrained = sorted(tested - trained_ids(cfg))
+    assert not untrained, f"test ids {untrained[:5]}... never trained (positional.shift, ids, max_position)"
+
+    ppc = path.stem.endswith("_ppc") or bool(re.search(r"\bPPC\b|Predictive Position Coupling", claims))
+    assert (pos.ids == "predicted") == ppc, (pos.ids, "the name or comment says PPC" if ppc else "not PPC")
+    if pos.ids == "predicted":
+        assert cfg.build_model(len(task.vocab)).pos_head is not None
+    if "full_attention" in path.stem or re.search(r"full attention", claims, re.I):
+        assert pos.id_window is None, "claims full attention"
+    for window in re.findall(r"\bid_window: (\d+)", claims):
+        assert pos.id_window == int(window), f"the comment says id_window: {window}"
+    if match := re.search(r"position_target: (\w+)", claims):
+        assert pos.position_target == match[1]
+
+    if pos.id_window is not None:  # with test ids (the task's coupled ids for coupled and PPC)
+        length, k = max(cfg.grid(), key=lambda c: (c[0], c[1] or 0))
+        batch = task.sample(32, np.random.default_rng(0), length=length, k=k)
+        ids = inference_ids(pos.ids, batch.position_ids)
+        far = [(b, int(t), d) for b in range(len(batch))
+               for t, deps in zip(np.flatnonzero(batch.loss_mask[b]), batch.meta[b]["deps"])
+               for d in deps if abs(int(ids[b, d]) - int(ids[b, t - 1])) > pos.id_window]
+        assert not far, f"dependencies outside id_window {pos.id_window} at length {length}: {far[:3]}"

@@ -9,13 +9,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-
 from test_study import ENV, NOT_BINDABLE, ROOT, RUN, is_loopback, sample_listeners, write_spec
 
 
@@ -78,7 +76,7 @@ def trial_config(zero_stage: int) -> dict:
 def hostile_checkpoint(folder: Path, zero_stage: int, marker: Path) -> Path:
     """A checkpoint folder as a trial writes it (trial_config.json, checkpoint/*.pt) whose .pt files
     are pickles that run code."""
-    from study.config import TrialConfig
+    from trial.config import TrialConfig
 
     (folder / "checkpoint").mkdir(parents=True)
     (folder / "trial_config.json").write_text(TrialConfig.model_validate(trial_config(zero_stage)).model_dump_json())
@@ -92,7 +90,7 @@ def hostile_checkpoint(folder: Path, zero_stage: int, marker: Path) -> Path:
 
 @pytest.mark.parametrize("zero_stage", [0, 3])
 def test_a_checkpoint_that_holds_code_does_not_run_it(zero_stage, tmp_path):
-    from study.train import load_trained
+    from trial.loop import load_trained
 
     marker = tmp_path / "pwned"
     folder = hostile_checkpoint(tmp_path / "ckpt", zero_stage, marker)
@@ -123,8 +121,8 @@ def test_a_checkpoint_an_mlflow_tag_points_to_is_read_as_weights(tmp_path, capsy
 
 @pytest.mark.parametrize("zero_stage", [0, 3])
 def test_real_checkpoints_still_load_as_weights(zero_stage, tmp_path):
-    from study.session import FolderSession
-    from study.train import load_trained, train_loop_per_worker
+    from trial.loop import load_trained, train_loop_per_worker
+    from trial.session import FolderSession
 
     folder = tmp_path / "ckpt"
     train_loop_per_worker(trial_config(zero_stage), FolderSession(str(folder)))

@@ -337,13 +337,88 @@ def test_nonlocal_couplings_are_declared_and_grow_with_length(name, params):
     assert max(abs(o) for o in long) > max(abs(o) for o in short)
 
 
-def test_every_generating_task_records_its_dependencies():
-    for name, cls in TASKS.items():
-        if cls.evaluation != "generate":
-            continue
-        task = get_task(name)
-        batch = task.sample(8, rng(15))
-        assert all("deps" in m for m in batch.meta), name
+# --- dependencies: meta["deps"] names the tokens that determine each target --------------------
+
+
+def next_token(name: str, prefix: list[str]) -> str:
+    """A reference of each task's rule: the token that follows `prefix` (the sequence so far, as
+    written: teacher forcing), read off the sequence itself and never from meta."""
+    if prefix[0] == "<bos>":
+        return next_token(name, prefix[1:])
+    t, eq = len(prefix), prefix.index("=")
+    if name == "copy":  # x_0 .. x_{n-1} = x_0 .. x_{n-1} <eos>
+        i = t - eq - 1
+        return prefix[i] if i < eq else "<eos>"
+    if name == "sparse_parity":  # the xor of the marked bits (A = 0, B = 1)
+        return str(sum(tok == "B" for tok in prefix[:eq]) % 2)
+    if name == "parity":  # b_1 .. b_n = s_1 .. s_n <eos>, s_i = s_{i-1} xor b_i
+        i = t - eq
+        if i > eq:
+            return "<eos>"
+        before = 0 if prefix[-1] == "=" else int(prefix[-1])
+        return str(before ^ int(prefix[i - 1]))
+    if name == "parity_scratchpad":  # bits = s_0 .. s_k <eos>, s_i = s_{i-1} xor (i-th marked bit)
+        marks = [p for p in range(eq) if prefix[p] in ("A", "B")]
+        i = t - eq - 1
+        if i == 0:
+            return "0"
+        return str(int(prefix[-1]) ^ (prefix[marks[i - 1]] == "B")) if i <= len(marks) else "<eos>"
+    if name == "addition":  # a + b = c_0 .. c_n <eos>, digits of the sum least significant first
+        plus = prefix.index("+")
+        a, b = prefix[:plus][::-1], prefix[plus + 1:eq][::-1]  # a[j]: the digit of 10^j
+        j = t - eq - 1
+        if j > len(a):
+            return "<eos>"
+        # the carry into place j, from place j-1's digits and the sum digit written there
+        carry = j > 0 and int(a[j - 1]) + int(b[j - 1]) > int(prefix[-1])
+        digit = lambda x: int(x[j]) if j < len(x) else 0  # noqa: E731
+        return str((digit(a) + digit(b) + carry) % 10)
+    raise AssertionError(f"no reference for {name}")
+
+
+# (task, params, cell length, whether each dependency changes its target in every sample: a carry
+# dependency of addition changes it only where it decides the carry)
+DEPS_CASES = [("sparse_parity", {}, 12, True), ("parity_scratchpad", {"train_k": 4}, 12, True),
+              ("parity", {}, 8, True), ("copy", {}, 8, True), ("addition", {}, 5, False),
+              ("addition", {"bos": True}, 4, False)]
+# variable_assignment's deps say where each step's value is read (the `y` of `x = y ;`); which
+# statement that is comes from a content lookup (every `x`, and the predicting token itself) that
+# they leave to the position head by design (tasks/variable_assignment.py), so a single-token
+# change outside them can change the target
+NO_REFERENCE = {"variable_assignment"}
+
+
+def test_every_generating_task_has_its_dependencies_checked():
+    generating = {name for name, cls in TASKS.items() if cls.evaluation == "generate"}
+    assert generating == {case[0] for case in DEPS_CASES} | NO_REFERENCE
+
+
+@pytest.mark.parametrize("name,params,length,every_sample", DEPS_CASES,
+                         ids=[f"{c[0]}{'-bos' if c[1].get('bos') else ''}" for c in DEPS_CASES])
+def test_dependencies_are_the_tokens_that_determine_each_target(name, params, length, every_sample):
+    """Per target: changing any earlier token outside meta["deps"] to another of its value class
+    (0 <-> 1, A <-> B, digit <-> digit) leaves the reference's next token as it was, and changing a
+    dependency changes it (for some replacement; in every sample where the rule is an xor or a copy)."""
+    task = get_task(name, train_length=max(length, 6), **params)
+    others = {tok: [o for o in group if o != tok] for group in task.value_classes() for tok in group}
+    batch = task.sample(16, rng(17), length=length, k=3 if task.uses_k else None)
+    live: dict[tuple[int, int], list[bool]] = {}  # (target, dependency) -> per sample: it mattered
+    for b, (tokens, *_) in enumerate(rows(task, batch)):
+        targets, deps = np.flatnonzero(batch.loss_mask[b]), batch.meta[b]["deps"]
+        assert len(deps) == len(targets)
+        for i, (t, dep) in enumerate(zip(targets, deps)):
+            assert next_token(name, tokens[:t]) == tokens[t], (tokens, t)  # the reference is the rule
+            for p in range(t):
+                changes = [next_token(name, tokens[:p] + [o] + tokens[p + 1:t]) != tokens[t]
+                           for o in others.get(tokens[p], [])]
+                if p in dep:
+                    if changes:
+                        live.setdefault((i, dep.index(p)), []).append(any(changes))
+                else:
+                    assert not any(changes), f"target {t} changes with token {p}, not a dep {dep}: {tokens}"
+    assert live
+    for (i, d), mattered in live.items():
+        assert (all if every_sample else any)(mattered), (f"dependency {d} of target {i} is inert", mattered)
 
 
 # --- cross-task contracts ----------------------------------------------------------------

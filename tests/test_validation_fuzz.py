@@ -3,9 +3,10 @@
 writing anything under `--storage`; mutations that can train are still accepted.
 
 Cases come from a seeded generator over every file in search_spaces/ and search_spaces/trials/, so
-the corpus grows with the shipped files. Validation only: the CLIs' `main` runs in-process (a
-subprocess costs seconds of imports), plus a few real subprocesses for the exit status as a shell
-sees it. No Ray is started.
+the corpus grows with the shipped files, and from one bad value per schema field the generator does
+not reach, so that every field of the trial config and study spec is named by some case's error.
+Validation only: the CLIs' `main` runs in-process (a subprocess costs seconds of imports), plus a
+few real subprocesses for the exit status as a shell sees it. No Ray is started.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import yaml
 
 from study import run as run_cli
 from study import train as train_cli
-from study.config import load_trial_config
 from study.spec import _flatten  # dotted path -> value of every leaf, as the spec flattens grids
 from tasks import __main__ as tasks_cli
+from trial.config import load_trial_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "search_spaces").glob("*.yaml"))
@@ -313,6 +314,122 @@ def trial_cases(path: Path, rng: random.Random) -> list[Case]:
     return cases + yaml_cases(name, path.read_text(), rng)
 
 
+# --- every field of the schemas: one bad value each, spread over the shipped files -----------------
+# The generators above draw their mutations from what each file sets; these name the rest, so that
+# `test_every_schema_field_is_named_by_a_case` holds: no field of TrialConfig (its groups and
+# analysis sections) or of StudySpec goes unfuzzed. Each entry: (the field the error must name, a
+# mutation of a file's dict). Values are bad for any shipped file, so the file is picked in turn.
+def _positional(c: dict, **kw) -> None:
+    c["positional"] = {**c.get("positional", {}), **kw}
+
+
+def _trial_field_mutations() -> list[tuple[str, object]]:
+    def put(path, value):
+        return lambda c: set_path(c, path, value)
+
+    def section(name, **kw):  # replaces an analysis section: its other fields take their defaults
+        return lambda c: c.update({name: kw})
+
+    def heads_that_do_not_divide(c):
+        d_model = c["model"]["d_model"]
+        c["model"]["n_heads"] = next(h for h in range(3, 99) if d_model % h)
+
+    return [
+        ("task.name", put("task.name", "no_such_task")),
+        ("task.params.no_such_param", put("task.params.no_such_param", 1)),
+        ("positional.encoding", put("positional.encoding", "sinusoidal")),
+        ("positional.ids", put("positional.ids", "absolute")),
+        ("positional.shift", put("positional.shift", "sometimes")),
+        ("positional.pose_chunks", put("positional.pose_chunks", 0)),
+        ("positional.position_loss_weight", put("positional.position_loss_weight", -1.0)),
+        # a PPC head option on ids that have no position head (the cross-field check)
+        ("positional.position_target",
+         lambda c: _positional(c, ids="random_shift", position_target="pointer")),
+        ("positional.id_window", put("positional.id_window", -1)),
+        # id-local heads without the window they use (the cross-field check)
+        ("positional.id_window_heads", lambda c: _positional(c, id_window=None, id_window_heads=1)),
+        ("positional.init_std", put("positional.init_std", 0)),
+        ("positional.frozen", put("positional.frozen", "sometimes")),
+        ("model.n_heads", heads_that_do_not_divide),
+        ("model.embed_init_std", put("model.embed_init_std", 0)),
+        ("model.norm", put("model.norm", "batch")),
+        ("model.attn_scale", put("model.attn_scale", "cube")),
+        ("optim.lr", put("optim.lr", 0)),
+        ("optim.weight_decay", put("optim.weight_decay", -0.1)),
+        ("optim.steps", put("optim.steps", 0)),
+        ("optim.batch_size", put("optim.batch_size", 0)),
+        ("optim.grad_clip", put("optim.grad_clip", -1.0)),
+        ("deepspeed.bf16", put("deepspeed.bf16", "sometimes")),
+        # a test length whose ids do not fit (the cross-field check)
+        ("eval.lengths", lambda c: c["eval"].update(lengths=[c["positional"]["max_position"] * 4])),
+        ("eval.samples_per_cell", put("eval.samples_per_cell", 0)),
+        ("eval.batch_size", put("eval.batch_size", 0)),
+        ("eval.val_samples", put("eval.val_samples", 0)),
+        ("eval.every_steps", put("eval.every_steps", 0)),
+        ("loss_gap.long_context", section("loss_gap", long_context=1)),
+        ("loss_gap.short_context", section("loss_gap", short_context=300)),  # not below long_context 256
+        ("loss_gap.ks", section("loss_gap", ks=[1, 500])),  # beyond long_context - short_context
+        ("loss_gap.method", section("loss_gap", method="bogus")),
+        ("loss_gap.targets", section("loss_gap", targets=0)),
+        ("loss_gap.rows_per_batch", section("loss_gap", rows_per_batch=0)),
+        ("loss_gap.min_gap", section("loss_gap", min_gap=-0.5)),
+        ("loss_gap.sparse_k", section("loss_gap", ks=[1, 2], sparse_k=4)),  # not one of ks
+        ("sparsity.method", section("sparsity", method="bogus")),
+        ("sparsity.ablation", section("sparsity", ablation="bogus")),
+        ("sparsity.targets", section("sparsity", targets=0)),
+        ("sparsity.k_max", section("sparsity", k_max=0)),
+        ("sparsity.recover", section("sparsity", recover=1.5)),
+        ("sparsity.min_gap", section("sparsity", min_gap=-1.0)),
+        ("sparsity.draws", section("sparsity", draws=0)),
+        ("sparsity.short_context", section("sparsity", short_context=-1)),
+        ("sparsity.long_context", section("sparsity", long_context=1)),
+        ("sparsity.length", section("sparsity", length=0)),
+        ("sparsity.k", section("sparsity", k=0)),
+        ("sparsity.rows_per_batch", section("sparsity", rows_per_batch=0)),
+    ]
+
+
+def _study_field_mutations() -> list[tuple[str, object]]:
+    def put(path, value):
+        return lambda s: set_path(s, path, value)
+
+    def in_search(key, value):
+        return lambda s: add_search(s, "model.dropout", {"choice": [0.0]})["search"].update({key: value})
+
+    return [
+        ("description", put("description", ["not", "text"])),
+        ("task.name", put("task.name", "no_such_task")),
+        ("task.params.no_such_param", put("task.params.no_such_param", 1)),
+        ("base", put("base", "not a mapping")),
+        ("grid.optim.lr", lambda s: s.setdefault("grid", {}).update({"optim.lr": 0.001})),  # not a list
+        ("search.trials_per_cell", in_search("trials_per_cell", 0)),
+        ("search.sampler", in_search("sampler", "grid")),
+        ("objective.mode", lambda s: s.update(objective={**s.get("objective", {}), "mode": "maximize"})),
+        ("objective.extrapolation",
+         lambda s: s.update(objective={**s.get("objective", {}), "extrapolation": "sometimes"})),
+        ("scheduler.type", put("scheduler.type", "hyperband")),
+        ("scheduler.grace_period", lambda s: s.update(scheduler={"type": "asha", "grace_period": 0})),
+        ("scheduler.reduction_factor", lambda s: s.update(scheduler={"type": "asha", "reduction_factor": 1})),
+        ("replicas", put("replicas", 0)),
+        ("resources.workers_per_trial", put("resources.workers_per_trial", 0)),
+        ("resources.zero_stage", put("resources.zero_stage", 5)),
+        ("resources.bf16", put("resources.bf16", "sometimes")),
+        ("resources.max_concurrent_trials", put("resources.max_concurrent_trials", 0)),
+        ("resources.max_failures", put("resources.max_failures", -1)),
+        ("resources.warm_processes", put("resources.warm_processes", "sometimes")),
+    ]
+
+
+def field_cases(paths: list[Path], mutations: list[tuple[str, object]], prefix: str) -> list[Case]:
+    cases = []
+    for i, (field_, mutate) in enumerate(mutations):
+        path = paths[i % len(paths)]
+        raw = copy.deepcopy(yaml.safe_load(path.read_text()))
+        mutate(raw)
+        cases.append(Case(f"{prefix}{path.stem}-field-{field_}", dump(raw), field_))
+    return cases
+
+
 # --- tasks sample ----------------------------------------------------------------------------
 def sample_cases(rng: random.Random) -> list[tuple[str, list[str], str | None]]:
     from tasks import TASKS
@@ -341,11 +458,71 @@ RNG = random.Random(20240613)
 STUDY_CASES = [c for spec in SPECS for c in study_cases(spec, RNG)]
 TRIAL_CASES = [c for trial in TRIALS for c in trial_cases(trial, RNG)]
 SAMPLE_CASES = sample_cases(RNG)
+# after the seeded draws, which they leave as they were
+STUDY_CASES += field_cases(SPECS, _study_field_mutations(), "")
+TRIAL_CASES += field_cases(TRIALS, _trial_field_mutations(), "trials-")
 
 
-def test_the_corpus_is_large():
-    bad = [c for c in STUDY_CASES + TRIAL_CASES if c.field] + [c for c in SAMPLE_CASES if c[2]]
-    assert len(bad) >= 200 and len(SPECS) >= 5 and len(TRIALS) >= 3
+def schema_fields(model, prefix: str = "") -> list[str]:
+    """Dotted paths of every field of a pydantic model, into its groups (a field whose type is a
+    model, or an optional one) down to their leaves; dicts and lists of models are leaves."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    fields = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        union = typing.get_origin(ann) in (typing.Union, types.UnionType)
+        options = typing.get_args(ann) if union else (ann,)
+        groups = [t for t in options if isinstance(t, type) and issubclass(t, BaseModel)]
+        for group in groups:
+            fields += schema_fields(group, f"{prefix}{name}.")
+        if not groups:
+            fields.append(prefix + name)
+    return fields
+
+
+def named_fields(cases: list[Case], study: bool) -> set[str]:
+    """The fields the cases' expected errors name. A study spec's `base.`, `grid.` and
+    `search.params.` fields are trial-config fields there (the spec validates each trial config)."""
+    names = set()
+    for case in cases:
+        if case.field is None or case.regex:
+            continue
+        names.add(case.field)
+        if study:
+            for prefix in ("base.", "grid.", "search.params."):
+                if case.field.startswith(prefix):
+                    names.add(case.field.removeprefix(prefix))
+    return names
+
+
+def unnamed(fields: list[str], names: set[str]) -> list[str]:
+    return [f for f in fields if not any(n == f or n.startswith(f + ".") for n in names)]
+
+
+def test_every_schema_field_is_named_by_a_case():
+    """Each leaf of TrialConfig (task, positional, model, optim, deepspeed, eval, loss_gap, sparsity)
+    and of StudySpec is what some bad case's error must name: a field whose validation regresses
+    (a bound dropped, an error that names the wrong field) fails a case. Removing the only case of a
+    field, or adding a field with none, fails here."""
+    from study.spec import StudySpec
+    from trial.config import TrialConfig
+
+    trial_fields, study_fields = schema_fields(TrialConfig), schema_fields(StudySpec)
+    # the walk reaches the groups and the analysis sections (a broken walk would check nothing)
+    assert {"positional.id_window", "eval.lengths", "loss_gap.sparse_k", "sparsity.recover",
+            "deepspeed.bf16"} <= set(trial_fields)
+    assert {"search.seed", "resources.max_failures", "objective.metric"} <= set(study_fields)
+    study_named = named_fields(STUDY_CASES, study=True)
+    assert not unnamed(trial_fields, study_named | named_fields(TRIAL_CASES, study=False)), "trial config"
+    assert not unnamed(study_fields, study_named), "study spec"
+    # the corpus grows with the shipped files: each of them is mutated
+    assert SPECS and TRIALS
+    assert all(any(c.id.startswith(f"{p.stem}-") for c in STUDY_CASES) for p in SPECS)
+    assert all(any(c.id.startswith(f"trials-{p.stem}-") for c in TRIAL_CASES) for p in TRIALS)
 
 
 def check_message(case: Case, err: str) -> None:
@@ -679,7 +856,7 @@ def test_the_flag_corpus_covers_every_kind():
 def test_a_file_uri_is_the_local_folder_it_names(tmp_path, capsys):
     """`--storage file:///new-dir` is a folder like `/new-dir`: accepted, made where the path says
     (the probe of a real run: tests/test_preflight.py), and the tracking store goes beside it."""
-    from study import storage as store
+    from trial import storage as store
 
     folder = tmp_path / "new" / "dir"
     for uri in (f"file://{folder}", f"file://localhost{folder}", f"file://{folder}/"):
@@ -702,14 +879,14 @@ def test_a_query_string_is_refused_where_the_bucket_exists(s3, tmp_path, capsys,
 
 
 def test_a_query_string_stays_at_the_end_of_a_joined_uri():
-    from study import storage as store
+    from trial import storage as store
 
     assert store.join("s3://b/p?region=x", "study", "tune") == "s3://b/p/study/tune?region=x"
     assert store.join("s3://b/p/", "study") == "s3://b/p/study"
 
 
 def test_storage_errors_do_not_echo_credentials():
-    from study import storage as store
+    from trial import storage as store
 
     uri = f"s3://{SECRETS[0]}:{SECRETS[1]}@no-such-bucket-here/p"
     assert store.redact(uri) == "s3://***@no-such-bucket-here/p"
