@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import _free_port as free_port
 from conftest import bucket_keys
 
