@@ -14,6 +14,10 @@
   length; and each task's data generation time as a share of a training step.
 - P5 (CUDA only) bf16 tokens/s and MFU at d_model 1024, 12 layers, T 2048 under DeepSpeed ZeRO-2 on
   one GPU, eager and `torch.compile`d.
+- P6 (only when named: `--only P6 [--trials N ...] [--nodes M] [--p6-profile DIR]`) the study platform
+  at scale: N near-zero trials on a simulated M-node Ray cluster through study/run.py, per N the
+  driver's overhead per trial, first trial, MLflow calls and seconds per trial, the experiment
+  state's size, a resume after killing the driver at N/2, the report (benchmarks/scale.py).
 
 Every ratio is a median over interleaved repeats. Results go to stdout and, with --json, to a file
 a later run can be compared with (--compare).
@@ -374,14 +378,30 @@ def print_p5(r: dict) -> None:
               f"  peak memory {m['max_memory_gb']:.1f} GiB")
 
 
+# --- P6 --------------------------------------------------------------------------------------
+def p6_scale(trials=(100, 300), nodes: int = 2, profile_dir: str | None = None) -> dict:
+    """The platform at scale on a simulated multi-node cluster (benchmarks/scale.py)."""
+    from benchmarks.scale import p6_scale as run
+
+    return run(trials, nodes, profile_dir=profile_dir)
+
+
+def print_p6(r: dict) -> None:
+    from benchmarks.scale import print_p6 as show
+
+    show(r)
+
+
 PARTS = {"P1": (p1_train_step, print_p1), "P2": (p2_trial_start, print_p2), "P3": (p3_study_share, print_p3),
-         "P4": (p4_generation_and_data, print_p4), "P5": (p5_gpu, print_p5)}
+         "P4": (p4_generation_and_data, print_p4), "P5": (p5_gpu, print_p5), "P6": (p6_scale, print_p6)}
+DEFAULT_PARTS = ["P1", "P2", "P3", "P4", "P5"]  # P6 takes long: only when named
 HEADLINES = {  # (part, path into its result, what it is) for --compare
     "P1 rope vs HF Llama": ("P1", ["models", "ours_rope", "vs_hf_llama"]),
     "P1 rope of matmul": ("P1", ["models", "ours_rope", "of_matmul"]),
     "P2 1-worker start, warm (s)": ("P2", ["p2_1w_warm", "median", "total"]),
     "P3 share in steps": ("P3", ["time/in_steps_share"]),
     "P4 cache speed-up at 4x": ("P4", ["generation", "4x", "speedup"]),
+    "P6 overhead/trial at N=100 (ms)": ("P6", ["100", "driver_overhead_ms_per_trial"]),
 }
 
 
@@ -399,14 +419,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--compare", help="an earlier --json file: print its headline ratios beside these")
     parser.add_argument("--p3-spec", help="the study P3 runs (default: search_spaces/default.yaml, ~8 min)")
+    parser.add_argument("--trials", type=int, nargs="+", default=[100, 300], help="P6: study sizes N")
+    parser.add_argument("--nodes", type=int, default=2, help="P6: simulated worker nodes M")
+    parser.add_argument("--p6-profile", help="P6: cProfile each first study's driver into this folder")
     args = parser.parse_args(argv)
     results = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
                            "cuda": torch.cuda.is_available()},
                "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    for name in args.only or PARTS:
+    for name in args.only or DEFAULT_PARTS:
         run, show = PARTS[name]
         t0 = time.time()
-        results[name] = run(args.p3_spec) if name == "P3" else run()
+        if name == "P3":
+            results[name] = run(args.p3_spec)
+        elif name == "P6":
+            results[name] = run(args.trials, args.nodes, args.p6_profile)
+        else:
+            results[name] = run()
         results[name]["seconds"] = time.time() - t0
         show(results[name])
         print(flush=True)

@@ -33,6 +33,17 @@ are written again as one object, `last-complete-snapshot.json` (one PUT, whole o
 only then is the listener told; `--resume` first puts those files back wherever storage differs from
 them (`restore_complete_snapshot`), and resumes from the last complete snapshot: every trial it
 records as finished is finished in MLflow too, and the others continue from the checkpoint it names.
+
+A snapshot writes every trial's state (and mark_complete writes it all again), so one per event costs
+O(trials) each and O(trials^2) over a study: at 300 near-zero trials, 0.55 s of the driver's time per
+trial, more than anything else it does, and growing with the trials (benchmarks/scale.py, P6). Events
+a resume can wait a little for share one snapshot, COALESCE_S (5 s, STUDY_SNAPSHOT_COALESCE_S) after
+the last one, or later while snapshots would take more than a tenth of the driver's time
+(`SnapshotDue`): a trial that ended (until a snapshot records it, a resume runs it again, and its
+MLflow run is not FINISHED yet) and a trial's first checkpoint (no state names an earlier one whose
+deletion could strand a resume). A checkpoint of a trial that had one before is due at once, as
+every event was before: the state may name the previous one, which the trial's next checkpoint
+deletes. A study whose events are further apart snapshots on each as before.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
+import os
 import re
 import signal
 import time
@@ -60,6 +73,40 @@ COMPLETE = "last-complete-snapshot.json"  # beside Tune's state files, in the ex
 # reads the newest of each kind by name
 STATE_FILE = re.compile(r"^(experiment_state|search_gen_state|searcher-state|callback-states|"
                         r"basic-variant-state)-(?P<session>\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d)\.(json|pkl)$")
+
+
+COALESCE_S = float(os.environ.get("STUDY_SNAPSHOT_COALESCE_S", "5"))
+SNAPSHOT_SHARE = 0.1  # and longer while snapshots take more than this share of the driver's time
+
+
+class SnapshotDue:
+    """When the next snapshot is due: at once (`checkpoint(first=False)`), or once COALESCE_S have
+    passed since the last one (`soon()`, `checkpoint(first=True)`), or longer, so that snapshots take
+    at most SNAPSHOT_SHARE of the driver's time whatever the number of trials."""
+
+    def __init__(self):
+        self.at = math.inf  # the monotonic time it is due
+        self.last = time.monotonic()
+        self.wait = COALESCE_S
+        self.asked: float | None = None  # when `now()` last said it was due
+
+    def soon(self) -> None:
+        self.at = min(self.at, self.last + self.wait)
+
+    def checkpoint(self, first: bool) -> None:
+        self.at = min(self.at, self.last + self.wait) if first else -math.inf
+
+    def now(self) -> bool:
+        if time.monotonic() < self.at:
+            return False
+        self.asked = time.monotonic()
+        return True
+
+    def taken(self) -> None:
+        done = time.monotonic()
+        if self.asked is not None:
+            self.wait = max(COALESCE_S, (done - self.asked) * (1 - SNAPSHOT_SHARE) / SNAPSHOT_SHARE)
+        self.at, self.last, self.asked = math.inf, done, None
 
 
 class SnapshotListener(Protocol):

@@ -28,10 +28,10 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from study.identity import StudyIdentity
+from study.snapshots import SnapshotDue
 from study.spec import StudySpec, flat_params
 from study.trial_record import extrapolation_metrics, is_metric, log_final_artifacts
-from trial.storage import first_line as _first_line
-from trial.storage import uri_of
+from trial.storage import first_line as _first_line, uri_of
 
 PARENT_TAG = "study.parent"
 TRIAL_TAG = "tune.trial_id"
@@ -155,7 +155,7 @@ class StudyTracker(Callback):
         self.cells = {c.index: c for c in spec.cells()}
         # study/snapshots.py: runs of completed trials wait here until Tune's state says so in storage
         self.finishing: list[str] = []
-        self.due = False
+        self.due = SnapshotDue()
         self.session_start = time.time()
         self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
         self.backlog: collections.deque = collections.deque()  # hooks MLflow has not taken yet
@@ -271,7 +271,7 @@ class StudyTracker(Callback):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
 
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
-        self.due = True  # the state must name this checkpoint before the one it names is deleted
+        self.due.checkpoint(first=trial.checkpoint is None)  # Tune registers this one after the callbacks
         self._checkpointed(trial, checkpoint)
 
     @deferrable
@@ -281,7 +281,7 @@ class StudyTracker(Callback):
             self.client.set_tag(run_id, "checkpoint", uri_of(checkpoint.filesystem, checkpoint.path))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.due = True  # now, whether MLflow answers or not: the next snapshot must record it
+        self.due.soon()  # whether MLflow answers or not: the next snapshot must record it
         self._complete(trial)
 
     @deferrable
@@ -295,10 +295,10 @@ class StudyTracker(Callback):
 
     # --- study/snapshots.py's listener ------------------------------------------------------
     def snapshot_due(self) -> bool:
-        return self.due
+        return self.due.now()
 
     def on_snapshot(self) -> None:
-        self.due = False
+        self.due.taken()
         self._snapshot_taken()
 
     @deferrable
@@ -310,7 +310,7 @@ class StudyTracker(Callback):
             self.finishing.pop(0)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.due = True
+        self.due.soon()
         self._failed(trial)
 
     @deferrable
