@@ -250,9 +250,9 @@ def p4_generation_and_data(repeats: int = 5) -> dict:
     against a training step of its own model config (search_spaces/trials)."""
     import yaml
 
-    from models import generate, training_ids
-    from study.config import TrialConfig
-    from study.evaluate import Tensors, next_token_loss
+    from models import generate
+    from trial.config import TrialConfig
+    from trial.evaluate import Tensors, next_token_loss
 
     out = {"generation": {}, "data": {}}
     # generation: addition with coupled ids writes as many digits as it reads
@@ -290,8 +290,7 @@ def p4_generation_and_data(repeats: int = 5) -> dict:
 
         def data():
             b = task.sample(cfg.optim.batch_size, rng)
-            return b, training_ids(pos.ids, b.position_ids, b.seq_len, pos.max_position, rng, pos.shift,
-                                   pos.pose_chunks)
+            return b, pos.scheme.training_ids(b.position_ids, b.seq_len, rng)
 
         def step(b_ids=data()):
             b, ids = b_ids
@@ -328,7 +327,7 @@ def p5_gpu(steps: int = 10) -> dict:
         return {"skipped": "no CUDA device here; run on a GPU machine (the device tool lends one to some tasks)"}
     import deepspeed
 
-    from study.session import setup_distributed
+    from trial.session import setup_distributed
 
     setup_distributed()
     d, L, H, T, B, V = 1024, 12, 16, 2048, 8, 32000
