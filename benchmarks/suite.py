@@ -63,7 +63,8 @@ def step_flops(n_matmul_params: int, n_layers: int, d_model: int, seq: int) -> f
 
 
 # --- P1 --------------------------------------------------------------------------------------
-def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=256, repeats=7) -> dict:
+def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=256, repeats=7,
+                  compile_too: bool = True) -> dict:
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:  # `pip install -e ".[hf]"` (or ".[test]") brings it
@@ -74,9 +75,12 @@ def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=2
     ids = torch.arange(seq)[None].expand(batch, seq)
     d_ff_llama = round(8 * d_model / 3)  # SwiGLU's 3 matrices hold what a 4x GELU MLP's 2 do
 
-    def ours(encoding):
+    def ours(encoding, compiled=False):
+        torch.manual_seed(0)
         m = DecoderLM(ModelConfig(vocab_size=vocab, max_position=seq, d_model=d_model, n_layers=n_layers,
                                   n_heads=n_heads, encoding=encoding))
+        if compiled:  # what `deepspeed.compile` does: engine.compile is nn.Module.compile
+            m.compile(dynamic=None)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
 
         def step():
@@ -102,14 +106,17 @@ def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=2
         return m, step
 
     runs = {f"ours_{e}": ours(e) for e in ("nope", "learned", "rope", "alibi")}
+    if compile_too:
+        runs["ours_rope_compiled"] = ours("rope", compiled=True)
     if LlamaConfig is not None:
         runs["hf_llama"] = llama()
     a = torch.randn(batch * seq, d_model)
     b = torch.randn(d_model, 4 * d_model)
     runs["matmul"] = (None, lambda: a @ b)
     times: dict[str, list[float]] = {k: [] for k in runs}
-    for _, step in runs.values():  # warm-up
-        step()
+    first: dict[str, float] = {}
+    for name, (_, step) in runs.items():  # warm-up (a compiled model builds its graphs here)
+        first[name] = _timed(step, 1)[0]
     for _ in range(repeats):  # interleaved, so a busy moment hits every contender alike
         for name, (_, step) in runs.items():
             times[name] += _timed(step, 1)
@@ -131,6 +138,12 @@ def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=2
     hf = out["models"].get("hf_llama", {}).get("tokens_per_s", float("nan"))
     for r in out["models"].values():
         r["vs_hf_llama"] = r["tokens_per_s"] / hf
+    if compile_too:  # what compiling costs once, and how many steps it takes to earn it back
+        compile_s = first["ours_rope_compiled"] - first["ours_rope"]
+        saved = med["ours_rope"] - med["ours_rope_compiled"]
+        out["compile"] = {"compile_s": compile_s, "step_s_eager": med["ours_rope"],
+                          "step_s_compiled": med["ours_rope_compiled"], "speedup": med["ours_rope"] / med["ours_rope_compiled"],
+                          "steps_to_repay": compile_s / saved if saved > 0 else None}
     return out
 
 
@@ -138,12 +151,17 @@ def print_p1(r: dict) -> None:
     d = r["dims"]
     print(f"P1 train step, d {d['d_model']} x {d['n_layers']} layers, T {d['seq']}, B {d['batch']}, "
           f"{r['threads']} threads; fp32 matmul ceiling {r['matmul_gflops']:.1f} GFLOP/s")
-    print(f"  {'model':<14}{'tokens/s':>10}{'vs HF':>8}{'GFLOP/s':>9}{'of matmul':>11}{'non-emb params':>16}")
+    print(f"  {'model':<20}{'tokens/s':>10}{'vs HF':>8}{'GFLOP/s':>9}{'of matmul':>11}{'non-emb params':>16}")
     for name, m in r["models"].items():
-        print(f"  {name:<14}{m['tokens_per_s']:>10.0f}{m['vs_hf_llama']:>8.2f}{m['gflops']:>9.1f}"
+        print(f"  {name:<20}{m['tokens_per_s']:>10.0f}{m['vs_hf_llama']:>8.2f}{m['gflops']:>9.1f}"
               f"{m['of_matmul']:>11.2f}{m['non_embedding_params']:>16,}")
     if "hf_llama" not in r["models"]:
         print("  (no Hugging Face Llama to compare with: pip install -e \".[hf]\")")
+    if "compile" in r:
+        c = r["compile"]
+        repay = "never (no faster)" if c["steps_to_repay"] is None else f"{c['steps_to_repay']:.0f} steps"
+        print(f"  torch.compile (rope): {c['compile_s']:.1f} s to compile, step {c['step_s_eager'] * 1e3:.0f} -> "
+              f"{c['step_s_compiled'] * 1e3:.0f} ms ({c['speedup']:.2f}x); repaid after {repay}")
 
 
 # --- P2 and P3: studies run as a user runs them -----------------------------------------------
@@ -334,24 +352,29 @@ def p5_gpu(steps: int = 10) -> dict:
     peak = float(os.environ.get("GPU_PEAK_BF16_TFLOPS", "989"))  # H100 SXM dense bf16; H200 the same
     out = {"dims": dict(d_model=d, n_layers=L, n_heads=H, seq=T, batch=B, vocab=V), "peak_tflops": peak}
     for compiled in (False, True):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()  # each mode's own peak
         torch.manual_seed(0)
         model = DecoderLM(ModelConfig(vocab_size=V, max_position=T, d_model=d, n_layers=L, n_heads=H, encoding="rope"))
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
             "train_batch_size": B, "train_micro_batch_size_per_gpu": B, "bf16": {"enabled": True},
             "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
             "steps_per_print": 10**9})
-        fwd = torch.compile(engine.module) if compiled else engine
+        if compiled:  # as the training loop does with `deepspeed.compile` (trial/loop.py)
+            engine.compile(compile_kwargs={"dynamic": None})
         tokens = torch.randint(0, V, (B, T + 1), device="cuda")
         ids = torch.arange(T, device="cuda")[None].expand(B, T)
 
         def step():
-            logits, _, _ = fwd(tokens[:, :-1], ids)
+            logits, _, _ = engine(tokens[:, :-1], ids)
             loss = F.cross_entropy(logits.float().reshape(-1, V), tokens[:, 1:].reshape(-1))
             engine.backward(loss)
             engine.step()
-        for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(3):  # warm-up: the compiled engine builds its graphs here
             step()
         torch.cuda.synchronize()
+        warmup_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
@@ -361,7 +384,12 @@ def p5_gpu(steps: int = 10) -> dict:
         flops = step_flops(n_matmul, L, d, T) * B * T
         out["compiled" if compiled else "eager"] = {"tokens_per_s": B * T / dt, "tflops": flops / dt / 1e12,
                                                     "mfu": flops / dt / 1e12 / peak,
-                                                    "max_memory_gb": torch.cuda.max_memory_allocated() / 2**30}
+                                                    "max_memory_gb": torch.cuda.max_memory_allocated() / 2**30,
+                                                    "warmup_s": warmup_s}
+    e, c = out["eager"], out["compiled"]
+    saved = 1 / e["tokens_per_s"] - 1 / c["tokens_per_s"]  # seconds per token
+    out["compile"] = {"compile_s": c["warmup_s"] - e["warmup_s"], "speedup": c["tokens_per_s"] / e["tokens_per_s"],
+                      "steps_to_repay": (c["warmup_s"] - e["warmup_s"]) / (saved * B * T) if saved > 0 else None}
     out["device"] = torch.cuda.get_device_name()
     return out
 
@@ -375,6 +403,9 @@ def print_p5(r: dict) -> None:
         m = r[mode]
         print(f"  {mode:<9}{m['tokens_per_s']:>10.0f} tokens/s {m['tflops']:>7.1f} TFLOP/s  MFU {m['mfu']:.1%}"
               f"  peak memory {m['max_memory_gb']:.1f} GiB")
+    c = r["compile"]
+    repay = "never (no faster)" if c["steps_to_repay"] is None else f"{c['steps_to_repay']:.0f} steps"
+    print(f"  torch.compile: {c['compile_s']:.1f} s to compile, {c['speedup']:.2f}x per step; repaid after {repay}")
 
 
 # --- P6 --------------------------------------------------------------------------------------

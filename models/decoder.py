@@ -13,9 +13,13 @@ Predictive Position Coupling (PPC) adds a position head that predicts the id of 
 - absolute: a class per id (0..max_position-1);
 - delta:    a class per offset from the current id;
 - pointer:  a pointer over the context: the next id is the id of the token the head points at, or
-            the current id + 1 (one extra choice). Its scores are content scores plus a learned
-            bias that is linear in the id distance on each side, so the search "the nearest token
-            of this kind after my id" is scored the same way at every length (PointerHead).
+            the current id + 1 (one extra choice). `pointer` scans the keys nearest id first and
+            stops at the first that fires, so "the nearest token of this kind after my id" is
+            found at any distance; `pointer_softmax` scores them with a softmax and a learned bias
+            linear in the id distance (PointerHead).
+
+ModelConfig is the one declaration of the model's fields and defaults: the trial config's `model`
+and `positional` groups fill it by name (trial/config.py) and add the bounds a config is checked on.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ PositionTarget = Literal["absolute", "delta", "pointer", "pointer_softmax"]
 @dataclass
 class ModelConfig:
     vocab_size: int
-    max_position: int = 256
+    max_position: int = 128
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 4

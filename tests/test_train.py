@@ -224,3 +224,67 @@ def test_a_run_restored_after_its_last_report_resends_it_without_work(tmp_path):
     resent = train_loop_per_worker(cfg, again)
     assert len(again.reports) == 1 and again.reports[0] == first.reports[-1]
     assert resent["records"] == done["records"]
+
+
+def test_a_compiled_train_step_takes_the_same_steps_as_eager():
+    """`deepspeed.compile: true` compiles the forward of the train step (DeepSpeed's engine.compile);
+    validation and the length grid run eagerly. The compiled run trains the same model: the same
+    validation losses (to float tolerance: inductor fuses and reorders) and the same grid. `auto`
+    (the default) leaves CPU eager, where compiling does not pay (benchmarks P1)."""
+    from trial.config import DeepSpeedSpec
+
+    assert not DeepSpeedSpec().compiles("cpu") and DeepSpeedSpec().compiles("cuda")
+    assert not DeepSpeedSpec(compile=False).compiles("cuda") and DeepSpeedSpec(compile=True).compiles("cpu")
+    runs = {}
+    for compiled in (False, True):
+        rec = Recorder()
+        out = train_loop_per_worker(config(deepspeed={"compile": compiled}), rec)
+        runs[compiled] = ([r["val_loss"] for r in rec.reports], out, rec.reports[0]["startup/first_step_s"])
+    (eager_losses, eager, eager_first), (compiled_losses, compiled, compiled_first) = runs[False], runs[True]
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-3)
+    cells = lambda out: [r["answer_acc"] for r in out["records"]]  # noqa: E731
+    assert cells(compiled) == pytest.approx(cells(eager), abs=0.07)  # a rare near-tie may flip
+    # the graphs are built in the first step: seconds, where an eager step of this model takes ms
+    assert compiled_first > eager_first + 1.0, (compiled_first, eager_first)
+
+
+def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():
+    """models/decoder.py's ModelConfig declares the model's fields once; the trial config's `model`
+    and `positional` groups fill it by name. A field the model gains but the trial config never
+    sets, or a trial-config option that never reaches the model, fails here."""
+    import dataclasses
+
+    from models import ModelConfig
+    from trial.config import MODEL_FIELD_NAMES
+
+    cfg = TrialConfig.model_validate(config(
+        model={"d_model": 48, "n_layers": 3, "n_heads": 3, "d_ff": 40, "dropout": 0.1, "embed_init_std": 0.5,
+               "norm": "rms", "attn_scale": "none"},
+        positional={"encoding": "learned", "ids": "predicted", "max_position": 40, "position_target": "delta",
+                    "id_window": 3, "id_window_heads": 2, "init_std": 1.0, "frozen": True}))
+    arch = cfg.architecture(vocab_size=7)
+    expected = {"vocab_size": 7, "position_head": True, "d_model": 48, "n_layers": 3, "n_heads": 3, "d_ff": 40,
+                "dropout": 0.1, "tok_init_std": 0.5, "norm": "rms", "attn_scale": "none", "encoding": "learned",
+                "max_position": 40, "position_target": "delta", "id_window": 3, "id_window_heads": 2,
+                "pos_init_std": 1.0, "pos_frozen": True}
+    assert {k: getattr(arch, k) for k in expected} == expected
+    defaults = ModelConfig(vocab_size=7)
+    # every field of the model is set from the trial config, but rope_base (not a trial option)
+    assert {f.name for f in dataclasses.fields(ModelConfig)} - set(expected) == {"rope_base"}
+    assert all(getattr(defaults, k) != v for k, v in expected.items() if k not in ("encoding", "vocab_size"))  # the values moved
+    assert set(MODEL_FIELD_NAMES.values()) <= set(expected)
+    # the parameter bound counts exactly what is built (on the meta device, layer by layer)
+    assert cfg.n_parameters() == sum(p.numel() for p in cfg.build_model(len(cfg.task_obj.vocab)).parameters())
+
+
+def test_the_trial_configs_defaults_are_the_models():
+    """A model option left out of a trial config gets ModelConfig's default, not a second one."""
+    from models import ModelConfig
+    from trial.config import ModelSpec, PositionalSpec
+
+    defaults = ModelConfig(vocab_size=7)
+    cfg = TrialConfig.model_validate({"task": config()["task"], "eval": {"lengths": [8]}})
+    arch = cfg.architecture(vocab_size=7)
+    assert {k: v for k, v in vars(arch).items() if k != "position_head"} == \
+        {k: v for k, v in vars(defaults).items() if k != "position_head"}
+    assert ModelSpec().d_model == defaults.d_model and PositionalSpec().max_position == defaults.max_position

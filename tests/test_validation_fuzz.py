@@ -301,6 +301,7 @@ def trial_cases(path: Path, rng: random.Random) -> list[Case]:
         ("positional.max_position", rng.choice([10**10, 2**21])),
         ("model.d_model", 2**17),
         ("deepspeed.zero_stage", rng.choice([4, -1])),
+        ("deepspeed.compile", rng.choice(["max-autotune", "sometimes", 2])),
         ("eval.ks", []),
     ]:
         bad(p, p, lambda c, p=p, value=value: set_path(c, p, value))

@@ -8,14 +8,17 @@ cluster is touched (files are read by trial/yaml_io.py).
 
 from __future__ import annotations
 
+import dataclasses
 from functools import cached_property
 from itertools import product
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import Field, model_validator
 
 import tasks
 from models import DecoderLM, ModelConfig
+from models.decoder import PositionTarget
 from models.positions import Encoding, IdScheme, PositionalScheme
 from trial import metrics
 from trial.analysis_specs import LossGapSpec, SparsitySpec
@@ -31,6 +34,12 @@ from trial.limits import (
 )
 from trial.yaml_io import load_yaml
 
+# ModelConfig's fields (models/decoder.py), and the three whose user-facing name in the trial config
+# differs; every other field of `model` and the architecture fields of `positional` match by name
+MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
+MODEL_FIELD_NAMES = {"model.embed_init_std": "tok_init_std", "positional.init_std": "pos_init_std",
+                     "positional.frozen": "pos_frozen"}
+
 
 class TaskSpec(Strict):
     name: str
@@ -38,24 +47,24 @@ class TaskSpec(Strict):
 
 
 class PositionalSpec(Strict):
-    encoding: Encoding = "learned"
+    encoding: Encoding = ModelConfig.encoding
     ids: IdScheme = "sequential"
     max_position: int = Field(
-        128, ge=2, le=MAX_POSITION, description="ids are < max_position in training and test")
+        ModelConfig.max_position, ge=2, le=MAX_POSITION, description="ids are < max_position in training and test")
     shift: bool = Field(True, description="random offset of coupled/predicted ids in training")
     pose_chunks: int = Field(2, ge=1)
     position_loss_weight: float = Field(1.0, ge=0, description="PPC: weight of the position head loss")
-    position_target: Literal["absolute", "delta", "pointer", "pointer_softmax"] = Field(
-        "absolute", description="PPC: the head predicts the next id as a class (absolute), an offset "
+    position_target: PositionTarget = Field(
+        ModelConfig.position_target, description="PPC: the head predicts the next id as a class (absolute), an offset "
         "(delta), or by pointing at the earlier token that carries it: nearest first (pointer; "
         "length-free) or a softmax with a distance bias (pointer_softmax)")
     id_window: int | None = Field(
-        None, ge=0, description="attention locality: heads see only keys with |id_q - id_k| <= id_window")
+        ModelConfig.id_window, ge=0, description="attention locality: heads see only keys with |id_q - id_k| <= id_window")
     id_window_heads: int | None = Field(
-        None, ge=1, description="how many heads are id-local (default: all); the rest see every key")
+        ModelConfig.id_window_heads, ge=1, description="how many heads are id-local (default: all); the rest see every key")
     init_std: float = Field(
-        0.02, gt=0, le=100, description="learned encoding: initial std of the position-embedding table")
-    frozen: bool = Field(False, description="learned encoding: keep the table at its random init")
+        ModelConfig.pos_init_std, gt=0, le=100, description="learned encoding: initial std of the position-embedding table")
+    frozen: bool = Field(ModelConfig.pos_frozen, description="learned encoding: keep the table at its random init")
 
     @model_validator(mode="after")
     def _head_options_need_a_head(self) -> "PositionalSpec":
@@ -75,15 +84,20 @@ class PositionalSpec(Strict):
 
 
 class ModelSpec(Strict):
-    d_model: int = Field(128, ge=8, le=2**16)
-    n_layers: int = Field(2, ge=1, le=1024)
-    n_heads: int = Field(4, ge=1)
-    d_ff: int | None = Field(None, ge=1, le=2**20, description="default 4 * d_model")
-    dropout: float = Field(0.0, ge=0, lt=1)
-    embed_init_std: float = Field(0.02, gt=0, le=100, description="initial std of the token embedding")
-    norm: Literal["layer", "rms"] = Field("layer", description="LayerNorm or RMSNorm")
+    """The architecture's user-facing half. The model's fields, types and defaults are declared once,
+    in models/decoder.py's ModelConfig; this adds the bounds a config is validated against, and
+    TrialConfig.architecture fills ModelConfig from it and `positional` by name."""
+
+    d_model: int = Field(ModelConfig.d_model, ge=8, le=2**16)
+    n_layers: int = Field(ModelConfig.n_layers, ge=1, le=1024)
+    n_heads: int = Field(ModelConfig.n_heads, ge=1)
+    d_ff: int | None = Field(ModelConfig.d_ff, ge=1, le=2**20, description="default 4 * d_model")
+    dropout: float = Field(ModelConfig.dropout, ge=0, lt=1)
+    embed_init_std: float = Field(ModelConfig.tok_init_std, gt=0, le=100,
+                                  description="initial std of the token embedding")
+    norm: Literal["layer", "rms"] = Field(ModelConfig.norm, description="LayerNorm or RMSNorm")
     attn_scale: Literal["sqrt", "none"] = Field(
-        "sqrt", description="attention logits divided by sqrt(head dim), or unscaled as in T5")
+        ModelConfig.attn_scale, description="attention logits divided by sqrt(head dim), or unscaled as in T5")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelSpec":
@@ -114,6 +128,13 @@ class OptimSpec(Strict):
 class DeepSpeedSpec(Strict):
     zero_stage: Literal[0, 1, 2, 3] = 0
     bf16: bool = False
+    compile: Literal["auto"] | bool = Field(
+        "auto", description="torch.compile the training forward (DeepSpeed's engine.compile); evaluation "
+        "and generation stay eager. auto: on with CUDA, off on CPU, where it does not pay (benchmarks P1)")
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether the train step is compiled on this device ("auto" resolved)."""
+        return self.compile is True or (self.compile == "auto" and device_type == "cuda")
 
 
 class EvalSpec(Strict):
@@ -146,29 +167,19 @@ class TrialConfig(Strict):
         """The task, built once (validation already needed it; a corpus loads once)."""
         return tasks.get_task(self.task.name, **self.task.params)
 
+    def architecture(self, vocab_size: int) -> ModelConfig:
+        """The model's own config, every field taken by name from `model` and `positional` (three
+        user-facing names differ: MODEL_FIELD_NAMES); `vocab_size` and `position_head` are derived."""
+        values = {"vocab_size": vocab_size, "position_head": self.positional.scheme.has_position_head}
+        for group in ("model", "positional"):
+            for name, value in getattr(self, group):
+                field = MODEL_FIELD_NAMES.get(f"{group}.{name}", name)
+                if field in MODEL_FIELDS:
+                    values[field] = value
+        return ModelConfig(**values)
+
     def build_model(self, vocab_size: int) -> DecoderLM:
-        p, m = self.positional, self.model
-        return DecoderLM(
-            ModelConfig(
-                vocab_size=vocab_size,
-                max_position=p.max_position,
-                d_model=m.d_model,
-                n_layers=m.n_layers,
-                n_heads=m.n_heads,
-                d_ff=m.d_ff,
-                dropout=m.dropout,
-                encoding=p.encoding,
-                position_head=p.scheme.has_position_head,
-                position_target=p.position_target,
-                id_window=p.id_window,
-                id_window_heads=p.id_window_heads,
-                pos_init_std=p.init_std,
-                pos_frozen=p.frozen,
-                tok_init_std=m.embed_init_std,
-                norm=m.norm,
-                attn_scale=m.attn_scale,
-            )
-        )
+        return DecoderLM(self.architecture(vocab_size))
 
     def analyses_on(self) -> list[str]:
         """The analyses this trial runs after training: the names of its sections that are given."""
@@ -182,17 +193,14 @@ class TrialConfig(Strict):
         ks = self.eval.ks or [task.train_k]
         return list(product(self.eval.lengths, ks))
 
-    def approx_parameters(self) -> int:
-        """Parameter count of `build_model` up to biases and norms, without allocating it."""
-        p, m = self.positional, self.model
-        d, ff = m.d_model, m.d_ff or 4 * m.d_model
-        rows = 2 * len(self.task_obj.vocab)  # token embedding and LM head
-        if p.encoding == "learned":
-            rows += p.max_position
-        if p.scheme.has_position_head:  # the position head's classes (the pointer's q and k: 2d rows)
-            rows += {"absolute": p.max_position, "delta": 2 * p.max_position - 1, "pointer": 2 * d,
-                     "pointer_softmax": 2 * d}[p.position_target]
-        return rows * d + m.n_layers * (4 * d * d + 2 * d * ff)
+    def n_parameters(self) -> int:
+        """Parameter count of `build_model`, exact, without allocating it: models of 1 and 2 layers
+        built on the meta device give the rest and one layer (a 1,000-layer one takes seconds)."""
+        arch = self.architecture(len(self.task_obj.vocab))
+        with torch.device("meta"):
+            one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(arch, n_layers=n)).parameters())
+                        for n in (1, 2))
+        return one + (arch.n_layers - 1) * (two - one)
 
     def ids_needed(self, length: int, k: int | None) -> int:
         """Largest position id the model sees for this cell (+1 = the max_position it needs)."""
@@ -213,11 +221,11 @@ class TrialConfig(Strict):
                              f"{self.model.n_heads}")
         if self.eval.ks is not None and not task.uses_k:
             raise ValueError(f"eval.ks: task {task.name!r} has no k axis; drop eval.ks")
-        params = self.approx_parameters()
+        params = self.n_parameters()
         if params > MAX_PARAMETERS:
             m, p = self.model, self.positional
             raise ValueError(
-                f"model: about {params:.2g} parameters (model.d_model {m.d_model}, model.n_layers "
+                f"model: {params:.2g} parameters (model.d_model {m.d_model}, model.n_layers "
                 f"{m.n_layers}, model.d_ff {m.d_ff or 4 * m.d_model}, positional.max_position "
                 f"{p.max_position}); "
                 f"the bound is {MAX_PARAMETERS:.0e} ({MAX_PARAMETERS * 16 // 10**9} GB of fp32 weights, "

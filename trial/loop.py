@@ -146,7 +146,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
                           analyses: Mapping[str, Analysis] | None = None) -> dict:
     """Train and evaluate one trial. Returns {"metrics": final metrics, "records": grid records}.
     (Longer than the 60 lines a function here aims at: it is the one loop a researcher reads top to
-    bottom, set-up, steps, reports and the final evaluation, as nanoGPT's train.py.)
+    bottom, set-up, steps and reports, as nanoGPT's train.py.)
 
     `analyses` maps a trial-config section (`loss_gap`, `sparsity`) to the analysis that runs after
     training when the section is given (analysis.ANALYSES, handed in by whoever runs the loop)."""
@@ -164,7 +164,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     clock.lap("distributed")
     task = cfg.task_obj
     clock.lap("task")
-    model, engine = _model_and_engine(cfg, len(task.vocab), world, clock)
+    model, engine = _model_and_engine(cfg, len(task.vocab), world, device, clock)
     pos, w = cfg.positional, cfg.positional.position_loss_weight
     micro = cfg.optim.batch_size // world
     val_batches = _validation_batches(cfg, task, rank, world)
@@ -192,8 +192,9 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
             **parts,
             "lr": float(engine.lr_scheduler.get_last_lr()[0]),
             "tokens_per_s": tokens_seen * world / max(train_s, 1e-9),
-            **validate(engine, model, val_batches, pos.scheme, w, device),
         }
+        with _eager():
+            out.update(validate(engine, model, val_batches, pos.scheme, w, device))
         eval_s += time.time() - t
         return {**out, **clock.metrics(), "time/train_s": train_s, "time/eval_s": eval_s}
 
@@ -215,26 +216,33 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
             clock.lap("first_step")
         if step % cfg.eval.every_steps == 0 and step < cfg.optim.steps:
             _report(session, engine, progress(step), step, cfg)
-    # the last report: validation and the extrapolation grid (also when resumed at the very end)
+    # the last report: validation, the extrapolation grid and the analyses (also when resumed at the end)
     metrics = progress(cfg.optim.steps)
     t = time.time()
-    records = evaluate_grid(
-        engine.module, task, pos.scheme, cfg.grid(), cfg.eval.samples_per_cell, cfg.eval.batch_size,
-        cfg.seed, rank, world, device,
-    )
-    metrics.update(summarize(records, cfg))
-    extra = {}
-    for name in cfg.analyses_on():  # every rank runs them (ZeRO-3 forwards are collective)
-        found, records_of = analyses[name](engine.module, task, cfg, device)
-        metrics.update(found)
-        extra.update(records_of)
+    records, found, extra = _final_evaluation(engine.module, task, cfg, analyses, rank, world, device)
+    metrics.update(found)
     metrics["time/eval_s"] += time.time() - t  # the grid and the analyses: measuring is evaluating
     _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True)
     return {"metrics": metrics, "records": records}
 
 
-def _model_and_engine(cfg: TrialConfig, vocab_size: int, world: int, clock: StageClock):
-    """The model (seeded) and its DeepSpeed engine."""
+def _final_evaluation(module, task, cfg: TrialConfig, analyses, rank: int, world: int, device: torch.device):
+    """The length grid's records, their summary plus the analyses' metrics, and the analyses'
+    records. Every rank runs the analyses (ZeRO-3 forwards are collective)."""
+    with _eager():
+        records = evaluate_grid(module, task, cfg.positional.scheme, cfg.grid(), cfg.eval.samples_per_cell,
+                                cfg.eval.batch_size, cfg.seed, rank, world, device)
+        found, extra = summarize(records, cfg), {}
+        for name in cfg.analyses_on():
+            metrics_of, records_of = analyses[name](module, task, cfg, device)
+            found.update(metrics_of)
+            extra.update(records_of)
+    return records, found, extra
+
+
+def _model_and_engine(cfg: TrialConfig, vocab_size: int, world: int, device: torch.device, clock: StageClock):
+    """The model (seeded) and its DeepSpeed engine, its forward compiled where `deepspeed.compile`
+    says so (the graphs are built in the first step, which the clock's `first_step` then holds)."""
     import deepspeed
 
     torch.manual_seed(cfg.seed)
@@ -242,8 +250,18 @@ def _model_and_engine(cfg: TrialConfig, vocab_size: int, world: int, clock: Stag
     clock.lap("model")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       config=deepspeed_config(cfg, world))
+    if cfg.deepspeed.compiles(device.type):
+        torch.compiler.reset()  # graphs of a warm process's earlier trial guard on that trial's model
+        engine.compile(compile_kwargs={"dynamic": None})  # None: a second sequence length marks it dynamic
     clock.lap("engine")
     return model, engine
+
+
+def _eager():
+    """Validation, the length grid and the analyses run eagerly even when the train step is
+    compiled: their shapes change from call to call (batch sizes, lengths, a growing KV cache), so
+    graphs for them would cost more compile time than they save."""
+    return torch.compiler.set_stance("force_eager")
 
 
 def _validation_batches(cfg: TrialConfig, task, rank: int, world: int) -> list:
