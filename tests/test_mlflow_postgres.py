@@ -10,28 +10,29 @@ Skips, saying why, only where PostgreSQL cannot be started here (no server binar
 
 from __future__ import annotations
 
-import glob
 import os
-import pwd
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import _free_port as free_port
 from conftest import bucket_keys
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package (`pytest` alone omits the cwd)
+from benchmarks.postgres import (
+    PostgresUnavailable,
+    ServerFailed,
+    backend_uri,
+    query,
+    running_mlflow_server,
+    running_postgres,
+)
+
 BIN = Path(sys.executable).parent
-DB_USER, DB_NAME = "mlflow", "mlflow"
 # as tests/test_study.py runs a study: this venv first on PATH, and a Ray token of the test's own
 # (Ray 2.60 would otherwise write one to ~/.ray/auth_token)
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
@@ -45,161 +46,29 @@ def run(args, timeout=600, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
-# --- PostgreSQL --------------------------------------------------------------------------------------
-def postgres_bindir() -> str | None:
-    """The folder holding initdb and postgres: on PATH, else Debian's /usr/lib/postgresql/<version>/bin
-    (the newest), else what `pg_config --bindir` says."""
-    found = shutil.which("initdb")
-    if found and shutil.which("postgres"):
-        return os.path.dirname(found)
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                      key=lambda p: [int(x) for x in p.split("/")[4].split(".") if x.isdigit()])
-    if versions:
-        return os.path.dirname(versions[-1])
-    if shutil.which("pg_config"):
-        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
-        if out.returncode == 0 and os.path.isfile(os.path.join(out.stdout.strip(), "initdb")):
-            return out.stdout.strip()
-    return None
-
-
-def unprivileged_user() -> tuple[list[str], str | None]:
-    """(command prefix, user name) to run PostgreSQL with: nothing as a normal user; as root (which
-    PostgreSQL refuses) `runuser -u <user> --` for the `postgres` account the Debian package makes,
-    else `nobody`."""
-    if os.geteuid() != 0:
-        return [], None
-    runuser = shutil.which("runuser")
-    if not runuser:
-        pytest.skip("PostgreSQL refuses to run as root, and there is no runuser to run it as another user")
-    for name in ("postgres", "nobody"):
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            continue
-        return [runuser, "-u", name, "--"], name
-    pytest.skip("PostgreSQL refuses to run as root, and there is no `postgres` or `nobody` user to run it as")
-
-
+# --- PostgreSQL and the MLflow server (benchmarks/postgres.py) ----------------------------------------
 @pytest.fixture(scope="module")
 def postgres():
     """{"host", "port", "user", "password", "dbname", "env" (PGPASSWORD)}: a PostgreSQL server on
-    127.0.0.1, password-authenticated (scram-sha-256), no Unix socket, its data in a temporary folder
-    removed afterwards."""
-    bindir = postgres_bindir()
-    if bindir is None:
-        pytest.skip("no PostgreSQL server binaries (initdb, postgres) on this machine; on Debian/Ubuntu: "
-                    "apt-get install postgresql")
+    127.0.0.1 (benchmarks/postgres.py `running_postgres`); skips, saying why, where it cannot start."""
     try:
-        import psycopg2
-    except ImportError:
-        pytest.skip("no psycopg2 (MLflow's PostgreSQL driver): pip install -e '.[test]'")
-    prefix, user = unprivileged_user()
-    top = tempfile.mkdtemp(prefix="mlflow-pg-")  # under /tmp: the other user can reach it (pytest's is 0700)
-    data, pwfile, log = (os.path.join(top, name) for name in ("data", "pwfile", "postgres.log"))
-    password = secrets.token_hex(16)
-    with open(pwfile, "w") as f:
-        f.write(password + "\n")
-    if user:
-        info = pwd.getpwnam(user)
-        for path in (top, pwfile):
-            os.chown(path, info.pw_uid, info.pw_gid)
-    proc = None
-    try:
-        initdb = os.path.join(bindir, "initdb")
-        init = subprocess.run([*prefix, initdb, "-D", data, "-U", DB_USER, "-E", "UTF8",
-                               "--auth=scram-sha-256", f"--pwfile={pwfile}", "--no-instructions"],
-                              capture_output=True, text=True, timeout=300)
-        if init.returncode != 0:
-            pytest.skip(f"PostgreSQL's initdb failed here: {(init.stderr or init.stdout).strip()[-500:]}")
-        os.remove(pwfile)
-        port = free_port()
-        # loopback TCP only (no Unix socket); a test needs no fsync
-        with open(os.path.join(data, "postgresql.conf"), "a") as f:
-            f.write(f"\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = ''\n"
-                    "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
-        with open(log, "w") as out:
-            proc = subprocess.Popen([*prefix, os.path.join(bindir, "postgres"), "-D", data], stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        deadline, last = time.time() + 120, None
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.skip(f"PostgreSQL did not start here: {Path(log).read_text().strip()[-500:]}")
-            try:
-                conn = psycopg2.connect(host="127.0.0.1", port=port, user=DB_USER, password=password,
-                                        dbname="postgres", connect_timeout=3)
-                break
-            except psycopg2.OperationalError as e:
-                last = e
-                time.sleep(0.5)
-        else:
-            pytest.skip(f"PostgreSQL did not answer within 120 s: {last}")
-        conn.autocommit = True
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE {DB_NAME}")
-        conn.close()
-        yield {"host": "127.0.0.1", "port": port, "user": DB_USER, "password": password, "dbname": DB_NAME,
-               "env": {"PGPASSWORD": password}}
-    finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)  # PostgreSQL's fast shutdown
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        shutil.rmtree(top, ignore_errors=True)
+        with running_postgres() as pg:
+            yield pg
+    except PostgresUnavailable as e:
+        pytest.skip(str(e))
 
 
-def query(pg: dict, sql: str, *args) -> list[tuple]:
-    import psycopg2
-
-    with psycopg2.connect(host=pg["host"], port=pg["port"], user=pg["user"], password=pg["password"],
-                          dbname=pg["dbname"], connect_timeout=10) as conn, conn.cursor() as cur:
-        cur.execute(sql, args)
-        rows = cur.fetchall()
-    conn.close()
-    return rows
-
-
-# --- the MLflow server -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mlflow_pg_server(postgres, s3):
     """The command line README's "Run on a cluster" gives, on 127.0.0.1: the backend store is
     PostgreSQL (its password in PGPASSWORD, not in the URI), artifacts are served by the server from
     s3://<bucket>/mlflow (the server alone holds the bucket's credentials and endpoint)."""
-    port = free_port()
-    # +psycopg2: SQLAlchemy 2.1 (what mlflow 3.17 installs) reads a bare postgresql:// as psycopg 3
-    backend = f"postgresql+psycopg2://{postgres['user']}@127.0.0.1:{postgres['port']}/{postgres['dbname']}"
     env = {**ENV, **postgres["env"], **s3["env"], "MLFLOW_S3_ENDPOINT_URL": s3["url"]}
-    log = tempfile.NamedTemporaryFile(prefix="mlflow-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", backend, "--artifacts-destination", f"s3://{s3['bucket']}/mlflow",
-         "--serve-artifacts", "--workers", "1"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 180  # the first start creates MLflow's tables in PostgreSQL
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    pytest.fail(f"mlflow server did not start: {Path(log.name).read_text()[-3000:]}")
-                time.sleep(0.5)
-        yield {"url": url, "log": log.name}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        log.close()
-        os.unlink(log.name)
+        with running_mlflow_server(backend_uri(postgres), env, f"s3://{s3['bucket']}/mlflow") as server:
+            yield server
+    except ServerFailed as e:
+        pytest.fail(str(e))
 
 
 # the driver gets no credentials: neither the database's nor the bucket's
