@@ -24,12 +24,13 @@ def test_p1_times_every_encoding_against_hf_llama():
         assert r["models"]["hf_llama"]["vs_hf_llama"] == pytest.approx(1.0)
 
 
-def test_p4_generation_with_the_cache_writes_the_same_tokens_and_every_trial_config_steps():
-    r = p4_generation_and_data(repeats=1)
+def test_p4_generation_with_the_cache_writes_the_same_tokens_and_trial_configs_step():
+    # two trial configs (one with PPC's position head): all of them take a minute here
+    r = p4_generation_and_data(repeats=1, configs=("sparse_parity", "parity_ppc"))
     assert set(r["generation"]) == {"1x", "2x", "4x"}
     for row in r["generation"].values():
         assert row["tokens_agree"] == 1.0 and row["new_tokens"] > 0
-    assert len(r["data"]) >= 5  # one row per shipped trial config (search_spaces/trials)
+    assert set(r["data"]) == {"sparse_parity", "parity_ppc"}
     assert all(0 < row["share"] < 1 and math.isfinite(row["step_s"]) for row in r["data"].values())
 
 

@@ -72,32 +72,20 @@ def exact_at(out: dict, length: int, ids: str) -> float:
 
 
 def test_addition_with_coupling_generalizes_to_twice_the_train_length():
-    """Cho et al. (2024) at CI size: 1-4 digit operands in training, 8 at test, every digit of the
-    sum right; absolute ids with a random shift, same budget, do not get there."""
+    """Coupled addition with id_window (our prior) at CI size: 1-4 digit operands in training, 8 at
+    test, every digit of the sum right. (That absolute ids with a random shift do not get there on
+    the same budget is benchmarks/coupling.py's claim on coupling_addition.yaml, at 2x and 3x.)"""
     addition = {"name": "addition", "params": {"train_length": 4, "min_length": 1}}
     coupled = train_loop_per_worker(trial(
         addition, {"encoding": "learned", "ids": "coupled", "max_position": 24, "id_window": 1},
         [4, 8], steps=2000, seed=11, n_layers=1))
     assert exact_at(coupled, 4, "coupled") >= 0.95
     assert exact_at(coupled, 8, "coupled") >= 0.9
-    absolute = train_loop_per_worker(trial(
-        addition, {"encoding": "learned", "ids": "random_shift", "max_position": 32},
-        [4, 8], steps=2000, seed=11, n_layers=1))
-    assert exact_at(absolute, 8, "sequential") <= 0.5
 
 
-def test_full_attention_coupling_fits_but_does_not_extrapolate_at_ci_size():
-    """Issue 19's measured negative, pinned: without id_window, coupled addition with the reference's
-    <bos> at a fixed id 0 and independently drawn operand lengths fits its train lengths and fails
-    at 2x (README "Coupling, measured": 0.00 at 2x and 3x at laptop scale for every such cell). If a
-    change makes it extrapolate, that is news: update the README's table and this bound."""
-    addition = {"name": "addition", "params": {"train_length": 4, "min_length": 1, "bos": True,
-                                                "operands": "independent"}}
-    out = train_loop_per_worker(trial(
-        addition, {"encoding": "learned", "ids": "coupled", "max_position": 24}, [4, 8], steps=2000,
-        seed=11, n_layers=1))
-    assert exact_at(out, 4, "coupled") >= 0.9
-    assert exact_at(out, 8, "coupled") <= 0.5
+# Issue 19's measured negative (full-attention coupled addition fits and fails at 2x and 3x at laptop
+# scale) is pinned by benchmarks/coupling.py's claims on coupling_full_attention.yaml, at the budget
+# the README's table reports, not by a CI-sized copy of it here.
 
 
 def test_ppc_on_parity_predicts_its_own_ids_beyond_the_train_length():

@@ -281,7 +281,7 @@ def test_a_bucket_unreachable_mid_study_loses_nothing(s3, tmp_path, outage):
         env = {**env_of(s3), "AWS_ENDPOINT_URL": relay.url,
                "STUDY_STORAGE_WAIT_S": "10" if outage == "stays_down" else "120"}
         name = f"outage_{outage}"
-        spec = write_spec(tmp_path, **{"name": name, "base/optim/steps": 120, "base/eval/every_steps": 20,
+        spec = write_spec(tmp_path, **{"name": name, "base/optim/steps": 60, "base/eval/every_steps": 20,
                                        "base/sparsity": None})
         db = tmp_path / "ml.db"
         storage = f"s3://studies/{outage}"
