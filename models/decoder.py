@@ -37,7 +37,7 @@ from models.positions import Encoding
 PositionTarget = Literal["absolute", "delta", "pointer", "pointer_softmax"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
     max_position: int = 128

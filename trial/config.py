@@ -9,7 +9,7 @@ cluster is touched (files are read by trial/yaml_io.py).
 from __future__ import annotations
 
 import dataclasses
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import product
 from typing import Annotated, Any, Literal
 
@@ -39,6 +39,16 @@ from trial.yaml_io import load_yaml
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 MODEL_FIELD_NAMES = {"model.embed_init_std": "tok_init_std", "positional.init_std": "pos_init_std",
                      "positional.frozen": "pos_frozen"}
+
+
+@lru_cache(maxsize=1024)
+def _parameters_of_layers(one_layer: ModelConfig) -> tuple[int, int]:
+    """(parameters of the 1-layer model, parameters of each further layer), from models of 1 and 2
+    layers built on the meta device (no memory; ~8 ms, hence the cache)."""
+    with torch.device("meta"):
+        one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(one_layer, n_layers=n)).parameters())
+                    for n in (1, 2))
+    return one, two - one
 
 
 class TaskSpec(Strict):
@@ -194,13 +204,11 @@ class TrialConfig(Strict):
         return list(product(self.eval.lengths, ks))
 
     def n_parameters(self) -> int:
-        """Parameter count of `build_model`, exact, without allocating it: models of 1 and 2 layers
-        built on the meta device give the rest and one layer (a 1,000-layer one takes seconds)."""
+        """Parameter count of `build_model`, exact, without allocating it (every config is checked
+        against MAX_PARAMETERS, one per suggested trial: _parameters_of_layers caches)."""
         arch = self.architecture(len(self.task_obj.vocab))
-        with torch.device("meta"):
-            one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(arch, n_layers=n)).parameters())
-                        for n in (1, 2))
-        return one + (arch.n_layers - 1) * (two - one)
+        first, per_layer = _parameters_of_layers(dataclasses.replace(arch, n_layers=1))
+        return first + (arch.n_layers - 1) * per_layer
 
     def ids_needed(self, length: int, k: int | None) -> int:
         """Largest position id the model sees for this cell (+1 = the max_position it needs)."""
