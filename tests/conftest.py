@@ -5,7 +5,6 @@ are dummies that live in the tests' environment only."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from benchmarks.postgres import free_port
 
 BIN = Path(sys.executable).parent
 # One ninja for every DeepSpeed op build: the tests' subprocesses put the venv's bin first on PATH,
@@ -22,14 +23,8 @@ BIN = Path(sys.executable).parent
 os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_s3_server(enforce_auth: bool = False) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if enforce_auth else {})}
     proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.postgres import free_port
 from study import run as run_cli
 from study import train as train_cli
 from study.spec import _flatten  # dotted path -> value of every leaf, as the spec flattens grids
@@ -645,14 +646,6 @@ class FlagCase:
     secret: str | None = None
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _unwritable(tmp_path: Path, rng: random.Random) -> Path:
     """A folder this process cannot create anything in: a read-only folder, or (root ignores
     permissions) a pseudo-filesystem that refuses new entries."""
@@ -738,7 +731,7 @@ def flag_cases(rng: random.Random) -> list[FlagCase]:
     # store whose folder cannot be made
     @case("mlflow-nothing-answers", "--mlflow-uri")
     def _(tmp):
-        return ["--mlflow-uri", f"http://127.0.0.1:{_free_port()}"], {}
+        return ["--mlflow-uri", f"http://127.0.0.1:{free_port()}"], {}
 
     @case("mlflow-not-a-tracking-server", "--mlflow-uri")
     def _(tmp):
@@ -746,7 +739,7 @@ def flag_cases(rng: random.Random) -> list[FlagCase]:
 
     @case("mlflow-credentials", "--mlflow-uri", SECRETS[2])
     def _(tmp):
-        return ["--mlflow-uri", f"http://user:{SECRETS[2]}@127.0.0.1:{_free_port()}"], {}
+        return ["--mlflow-uri", f"http://user:{SECRETS[2]}@127.0.0.1:{free_port()}"], {}
 
     @case("mlflow-sqlite-under-a-file", "--mlflow-uri")
     def _(tmp):
@@ -765,11 +758,11 @@ def flag_cases(rng: random.Random) -> list[FlagCase]:
     # credentials
     @case("address-nothing-answers", "--address")
     def _(tmp):
-        return ["--address", f"{rng.choice(['127.0.0.1', 'localhost'])}:{_free_port()}"], {}
+        return ["--address", f"{rng.choice(['127.0.0.1', 'localhost'])}:{free_port()}"], {}
 
     @case("address-ray-client-nothing-answers", "--address")
     def _(tmp):
-        return ["--address", f"ray://127.0.0.1:{_free_port()}"], {}
+        return ["--address", f"ray://127.0.0.1:{free_port()}"], {}
 
     @case("address-not-an-address", "--address")
     def _(tmp):
@@ -777,11 +770,11 @@ def flag_cases(rng: random.Random) -> list[FlagCase]:
 
     @case("address-credentials", "--address", SECRETS[2])
     def _(tmp):
-        return ["--address", f"ray://admin:{SECRETS[2]}@127.0.0.1:{_free_port()}"], {}
+        return ["--address", f"ray://admin:{SECRETS[2]}@127.0.0.1:{free_port()}"], {}
 
     @case("ray-address-env-nothing-answers", "RAY_ADDRESS")
     def _(tmp):
-        return [], {"RAY_ADDRESS": f"127.0.0.1:{_free_port()}"}
+        return [], {"RAY_ADDRESS": f"127.0.0.1:{free_port()}"}
 
     return cases
 
