@@ -4,7 +4,9 @@ are dummies that live in the tests' environment only."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +23,18 @@ BIN = Path(sys.executable).parent
 # Debian's 1.11) each take the other's build log as stale, so every switch rebuilt the op (1-2 min
 # holding its lock), and a process killed mid-build left the lock for the next trial to hang on.
 os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+
+# Under pytest-xdist (`-n 2`, pyproject's addopts) each test process gets its share of the cores
+# for torch's intra-op threads, and so do the processes it starts (OMP_NUM_THREADS): two processes
+# each running as many threads as there are cores spin against each other (measured: an in-process
+# training test 26 s alone, 169 s beside another test at 2 threads each). Ray's trial workers are
+# unaffected: Ray sets their OMP_NUM_THREADS from the CPUs a trial asks for.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+    import torch
+
+    torch.set_num_threads(THREADS)
 
 
 def start_s3_server(enforce_auth: bool = False) -> tuple[subprocess.Popen, str]:
@@ -62,3 +76,30 @@ def s3():
 def bucket_keys(s3: dict, prefix: str = "") -> list[str]:
     pages = s3["client"].get_paginator("list_objects_v2").paginate(Bucket=s3["bucket"], Prefix=prefix)
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def debian_package(package: str, binary: str) -> None:
+    """Install Debian's `package` with apt-get where `binary` (a command, or an absolute path) is not
+    there yet: the test setup for what pip cannot install (chromium, postgresql). One install at a
+    time on the machine (apt-get's dpkg lock fails, not waits, when two test processes install at
+    once). Returns with the binary there, or skips the test saying why it could not be installed."""
+    def found() -> bool:
+        return bool(os.path.exists(binary) if os.path.isabs(binary) else shutil.which(binary))
+
+    if found():
+        return
+    install = ["apt-get", "install", "-y", "--no-install-recommends", package]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        with open("/tmp/study-tests-apt.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if found():  # another test process installed it meanwhile
+                return
+            if subprocess.run(install, capture_output=True, env=env, timeout=600).returncode != 0:
+                # stale package lists
+                subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=300, check=True)
+                subprocess.run(install, capture_output=True, env=env, timeout=600, check=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        pytest.skip(f"no {binary}, and `apt-get install {package}` failed here ({type(e).__name__}: {e})")
+    if not found():
+        pytest.skip(f"`apt-get install {package}` installed no {binary}")

@@ -4,8 +4,9 @@ artifacts go to an S3 bucket (moto's S3 API on 127.0.0.1, tests/conftest.py). Th
 knows only `--mlflow-uri http://...`: no database password and no bucket credentials reach it, so
 everything it records goes through the server, into rows of PostgreSQL and objects in the bucket.
 
-Skips, saying why, only where PostgreSQL cannot be started here (no server binaries: on Debian
-`apt-get install postgresql`; root with no unprivileged user to run it as).
+The server binaries are Debian's `postgresql`, installed with apt-get by the test setup where they
+are missing (tests/conftest.py `debian_package`). Skips, saying why, only where PostgreSQL cannot be
+installed or started here (apt-get failing; root with no unprivileged user to run it as).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import bucket_keys
+from conftest import bucket_keys, debian_package
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ from benchmarks.postgres import (
     PostgresUnavailable,
     ServerFailed,
     backend_uri,
+    postgres_bindir,
     query,
     running_mlflow_server,
     running_postgres,
@@ -51,6 +53,8 @@ def run(args, timeout=600, **kw) -> subprocess.CompletedProcess:
 def postgres():
     """{"host", "port", "user", "password", "dbname", "env" (PGPASSWORD)}: a PostgreSQL server on
     127.0.0.1 (benchmarks/postgres.py `running_postgres`); skips, saying why, where it cannot start."""
+    if postgres_bindir() is None:
+        debian_package("postgresql", "/usr/lib/postgresql")  # initdb's folder, /usr/lib/postgresql/<v>/bin
     try:
         with running_postgres() as pg:
             yield pg

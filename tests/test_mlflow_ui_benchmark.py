@@ -3,8 +3,8 @@ PostgreSQL-backed `mlflow server`, read back with search_runs and on the runs pa
 Chromium. The page lists the study's run with its children nested under it, collapsed; sorted by a
 metric, or with the study's run expanded, it shows the children by name.
 
-Skips, saying why, only where PostgreSQL cannot be started here (tests/test_mlflow_postgres.py) or
-there is no Chromium (tests/test_report.py installs Debian's with apt-get).
+Debian's postgresql and chromium are installed with apt-get where missing (tests/conftest.py
+`debian_package`); skips, saying why, only where they cannot be installed or PostgreSQL started.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import debian_package
 from test_report import chromium
+
+from benchmarks.postgres import postgres_bindir
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +28,8 @@ N = 30
 
 def test_the_runs_page_of_a_study_in_postgresql_shows_its_child_runs(tmp_path):
     chromium()
+    if postgres_bindir() is None:
+        debian_package("postgresql", "/usr/lib/postgresql")
     out = tmp_path / "ui.json"
     run = subprocess.run([sys.executable, "-m", "benchmarks.mlflow_ui", "--runs", str(N), "--repeats", "1", "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)

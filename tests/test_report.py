@@ -16,6 +16,7 @@ import urllib.request
 import pandas as pd
 import pytest
 import yaml
+from conftest import debian_package
 from scipy import stats
 from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
 
@@ -177,18 +178,9 @@ def test_report_rebuilds_from_the_folder_and_from_mlflow(replicated):
 
 def chromium() -> str:
     """Debian's chromium: found, or installed with apt-get (the test setup), else the test skips."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-    try:
-        if subprocess.run(install, capture_output=True, timeout=240).returncode != 0:  # stale package lists
-            subprocess.run(["apt-get", "update"], capture_output=True, timeout=240, check=True)
-            subprocess.run(install, capture_output=True, timeout=240, check=True)
-    except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"no chromium, and `apt-get install chromium` failed here ({type(e).__name__}): "
-                    "the MLflow UI check needs a headless browser")
-    return shutil.which("chromium") or pytest.skip("apt-get installed no chromium binary")
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        debian_package("chromium", "chromium")
+    return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def rendered(browser: str, url: str) -> str:
