@@ -92,14 +92,27 @@ def driver_lock(study_dir: str) -> Iterator[None]:
         raise StudyLocked(f"study {study_dir}: could not take {path}; another driver took it meanwhile")
     try:
         yield
-    finally:
-        try:
-            raw = store.read_bytes(path)
-            if raw and json.loads(raw) == me:
-                _remove(path)
-        except OSError as e:  # the storage does not answer: the lock stays, stale once this process ends
-            print(f"warning: {path} is left in place ({store.first_line(e)}); the next run of this study on "
-                  "this host takes it over", file=sys.stderr, flush=True)
+    except store.StorageUnreachable as e:  # the study stopped for its storage: releasing would wait out the
+        _left_in_place(path, e)  # S3 client's retries (measured: 7-12 s) only to fail
+        raise
+    except BaseException:
+        _release(path, me)
+        raise
+    _release(path, me)
+
+
+def _release(path: str, me: dict) -> None:
+    try:
+        raw = store.read_bytes(path)
+        if raw and json.loads(raw) == me:
+            _remove(path)
+    except OSError as e:  # the storage does not answer: the lock stays, stale once this process ends
+        _left_in_place(path, e)
+
+
+def _left_in_place(path: str, why: OSError) -> None:
+    print(f"warning: {path} is left in place ({store.first_line(why)}); the next run of this study on "
+          "this host takes it over", file=sys.stderr, flush=True)
 
 
 def _remove(path: str) -> None:

@@ -181,6 +181,8 @@ def snapshots_on_events(listener: SnapshotListener) -> Iterator[StorageWatch]:
 
     def wrap(original):
         def checkpoint(self, force: bool = False, wait: bool = False):
+            if watch.lost and force and wait:  # Tune's final save, to a storage given up on: each of its
+                return  # calls would wait out the S3 client's retries; a resume reads the last complete one
             due = listener.snapshot_due()
             try:
                 original(self, force=force or due, wait=wait or due)
