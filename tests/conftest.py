@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,8 +28,9 @@ os.environ["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 # Under pytest-xdist (`-n 2`, pyproject's addopts) each test process gets its share of the cores
 # for torch's intra-op threads, and so do the processes it starts (OMP_NUM_THREADS): two processes
 # each running as many threads as there are cores spin against each other (measured: an in-process
-# training test 26 s alone, 169 s beside another test at 2 threads each). Ray's trial workers are
-# unaffected: Ray sets their OMP_NUM_THREADS from the CPUs a trial asks for.
+# training test 26 s alone, 169 s beside another test at 2 threads each). Ray's trial workers inherit
+# it too (Ray sets a worker's OMP_NUM_THREADS from its CPUs only where it is unset): the tests' trials
+# ask for one CPU each, so they run as they would without it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     THREADS = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
@@ -78,28 +80,23 @@ def bucket_keys(s3: dict, prefix: str = "") -> list[str]:
     return [o["Key"] for page in pages for o in page.get("Contents", [])]
 
 
-def debian_package(package: str, binary: str) -> None:
-    """Install Debian's `package` with apt-get where `binary` (a command, or an absolute path) is not
-    there yet: the test setup for what pip cannot install (chromium, postgresql). One install at a
-    time on the machine (apt-get's dpkg lock fails, not waits, when two test processes install at
-    once). Returns with the binary there, or skips the test saying why it could not be installed."""
-    def found() -> bool:
-        return bool(os.path.exists(binary) if os.path.isabs(binary) else shutil.which(binary))
-
-    if found():
-        return
+def debian_package(package: str, found: Callable[[], Any]) -> Any:
+    """`found()` (what the test needs: a binary's path, a folder), installing Debian's `package` with
+    apt-get first where it finds nothing: the test setup for what pip cannot install (chromium,
+    postgresql). One install at a time on the machine (apt-get's dpkg lock fails, not waits, when two
+    test processes install at once). Skips the test, saying why, where it cannot be installed."""
+    if have := found():
+        return have
     install = ["apt-get", "install", "-y", "--no-install-recommends", package]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
         with open("/tmp/study-tests-apt.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if found():  # another test process installed it meanwhile
-                return
-            if subprocess.run(install, capture_output=True, env=env, timeout=600).returncode != 0:
-                # stale package lists
-                subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=300, check=True)
-                subprocess.run(install, capture_output=True, env=env, timeout=600, check=True)
+            if not found():  # else another test process installed it meanwhile
+                if subprocess.run(install, capture_output=True, env=env, timeout=600).returncode != 0:
+                    # stale package lists
+                    subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=300, check=True)
+                    subprocess.run(install, capture_output=True, env=env, timeout=600, check=True)
     except (OSError, subprocess.SubprocessError) as e:
-        pytest.skip(f"no {binary}, and `apt-get install {package}` failed here ({type(e).__name__}: {e})")
-    if not found():
-        pytest.skip(f"`apt-get install {package}` installed no {binary}")
+        pytest.skip(f"no {package}, and `apt-get install {package}` failed here ({type(e).__name__}: {e})")
+    return found() or pytest.skip(f"`apt-get install {package}` installed nothing this test can use")

@@ -53,8 +53,7 @@ def run(args, timeout=600, **kw) -> subprocess.CompletedProcess:
 def postgres():
     """{"host", "port", "user", "password", "dbname", "env" (PGPASSWORD)}: a PostgreSQL server on
     127.0.0.1 (benchmarks/postgres.py `running_postgres`); skips, saying why, where it cannot start."""
-    if postgres_bindir() is None:
-        debian_package("postgresql", "/usr/lib/postgresql")  # initdb's folder, /usr/lib/postgresql/<v>/bin
+    debian_package("postgresql", postgres_bindir)
     try:
         with running_postgres() as pg:
             yield pg

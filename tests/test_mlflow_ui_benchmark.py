@@ -28,8 +28,7 @@ N = 30
 
 def test_the_runs_page_of_a_study_in_postgresql_shows_its_child_runs(tmp_path):
     chromium()
-    if postgres_bindir() is None:
-        debian_package("postgresql", "/usr/lib/postgresql")
+    debian_package("postgresql", postgres_bindir)
     out = tmp_path / "ui.json"
     run = subprocess.run([sys.executable, "-m", "benchmarks.mlflow_ui", "--runs", str(N), "--repeats", "1", "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)

@@ -178,9 +178,7 @@ def test_report_rebuilds_from_the_folder_and_from_mlflow(replicated):
 
 def chromium() -> str:
     """Debian's chromium: found, or installed with apt-get (the test setup), else the test skips."""
-    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-        debian_package("chromium", "chromium")
-    return shutil.which("chromium") or shutil.which("chromium-browser")
+    return debian_package("chromium", lambda: shutil.which("chromium") or shutil.which("chromium-browser"))
 
 
 def rendered(browser: str, url: str) -> str:
