@@ -106,9 +106,10 @@ def _run_trial(job: dict) -> dict:
         out = train_loop_per_worker(job["trial"], LocalSession(quiet), ANALYSES)
     own = TrialConfig.model_validate(job["trial"]).positional.scheme.own_ids
     rows = [
-        {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"], "length": r["length"],
-         "k": r["k"], "ids": r["ids"], "own_ids": r["ids"] == own, "exact_match": r["exact_match"],
-         "id_match": r.get("id_match")}
+        {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"],
+         "data_seed": job["trial"].get("data_seed"), "checkpoint": r.get("checkpoint", "last"),
+         "length": r["length"], "k": r["k"], "ids": r["ids"], "own_ids": r["ids"] == own,
+         "exact_match": r["exact_match"], "id_match": r.get("id_match")}
         for r in out["records"]
     ]
     return {"rows": rows, "val_exact": out["metrics"]["val_exact"], "seconds": time.time() - start}
@@ -143,7 +144,8 @@ def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None) -> tu
 def check_claims(table, name: str, train_length: int) -> list[str]:
     """Each claim, for each cell it names, at each length >= 2x train (mean over seeds and ks)."""
     failures = []
-    far = table[(table.spec == name) & (table.length >= 2 * train_length) & table.own_ids]
+    far = table[(table.spec == name) & (table.length >= 2 * train_length) & table.own_ids
+                & (table.checkpoint == "last")]
     for claim in CLAIMS.get(name, []):
         rows = far[(far.cell + ",").str.contains(claim.cell, regex=False)]  # "x=a," matches a, not ab
         if rows.empty:
@@ -163,10 +165,24 @@ def check_claims(table, name: str, train_length: int) -> list[str]:
     return failures
 
 
+EXTRAPOLATES = 0.95  # exact match at 2x from which a run counts as extrapolating (Zhou et al. report the fraction)
+
+
+def extrapolating(group, train_length: int) -> str:
+    """How many runs (seed, data seed) of a row reach EXTRAPOLATES at the shortest length >= 2x train
+    (mean over its ks), as "n/N"; "-" without such a length."""
+    far = group[group.length >= 2 * train_length]
+    if far.empty:
+        return "-"
+    at = far[far.length == far.length.min()]
+    runs = at.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
+    return f"{int((runs >= EXTRAPOLATES).sum())}/{len(runs)}"
+
+
 def markdown(part, train_length: int) -> str:
-    """One spec's table as the README prints it: a row per cell and id mode (PPC: its own ids, then
-    the same models fed the oracle's), a column per test length; mean [min-max] over the seeds, the
-    ks of a cell joined with " / "."""
+    """One spec's table as the README prints it: a row per cell, checkpoint and id mode (PPC: its own
+    ids, then the same models fed the oracle's), a column per test length; mean [min-max] over the
+    runs, the ks of a cell joined with " / "; last, the runs that extrapolate (>= 0.95 exact at 2x)."""
     lengths = sorted(part.length.unique())
 
     def entry(group) -> str:
@@ -177,11 +193,14 @@ def markdown(part, train_length: int) -> str:
         return " / ".join(cells)
 
     head = [f"{n} ({n / train_length:g}x)" if n > train_length else f"{n} (in dist.)" for n in lengths]
-    lines = ["| cell | ids | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(lengths)]
-    for (cell, own, ids), group in part.groupby(["cell", "own_ids", "ids"], sort=False):
+    lines = ["| cell | ids | " + " | ".join(head) + " | runs >= 0.95 at 2x |",
+             "|---|---|" + "---|" * (len(lengths) + 1)]
+    selected = part.checkpoint.nunique() > 1
+    for (cell, checkpoint, own, ids), group in part.groupby(["cell", "checkpoint", "own_ids", "ids"], sort=False):
         label = ids + (" (own)" if own and ids == "predicted" else " (oracle)" if ids == "coupled" and not own else "")
+        label += f", {checkpoint} checkpoint" if selected else ""
         values = [entry(group[group.length == n]) for n in lengths]
-        lines.append(f"| `{cell}` | {label} | " + " | ".join(values) + " |")
+        lines.append(f"| `{cell}` | {label} | " + " | ".join(values) + f" | {extrapolating(group, train_length)} |")
     return "\n".join(lines)
 
 
@@ -233,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", k = {' / '.join(map(str, ks))}" if ks else "") + "\n")
             print(markdown(part, train_length))
         part = part[part.own_ids]
-        summary = part.groupby(["cell", "k", "length"], dropna=False).exact_match.agg(["mean", "min", "max"])
+        summary = part.groupby(["cell", "checkpoint", "k", "length"], dropna=False).exact_match.agg(["mean", "min", "max"])
         print(f"\n{name} (train length {train_length}): exact match over seeds {args.seeds}")
         print(summary.unstack("length").round(3).to_string())
         failures += check_claims(table, name, train_length)

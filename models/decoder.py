@@ -18,6 +18,12 @@ Predictive Position Coupling (PPC) adds a position head that predicts the id of 
             found at any distance; `pointer_softmax` scores them with a softmax and a learned bias
             linear in the id distance (PointerHead).
 
+The reference implementation of position coupling (a T5 decoder) differs from GPT-2's defaults in
+ways that are each a field here, off by default: `init: t5` (T5's projection init, no biases, so
+attention logits start near std 1), `head_dim` apart from d_model / n_heads, `norm_position: pre_post`
+(the norm also after each residual add), `ffn: gated_gelu` and `tie_embeddings` (readout tied to the
+token table, its input scaled by d_model^-1/2).
+
 ModelConfig is the one declaration of the model's fields and defaults: the trial config's `model`
 and `positional` groups fill it by name (trial/config.py) and add the bounds a config is checked on.
 """
@@ -62,6 +68,15 @@ class ModelConfig:
     norm: Literal["layer", "rms"] = "layer"
     # attention logits q.k / sqrt(head dim) (the usual) or q.k unscaled (T5, the reference's model)
     attn_scale: Literal["sqrt", "none"] = "sqrt"
+    head_dim: int | None = None  # per head; default d_model // n_heads (T5's d_kv is independent of both)
+    init: Literal["default", "t5"] = "default"  # t5: T5's fan-in projection init and no biases
+    norm_position: Literal["pre", "pre_post"] = "pre"  # pre_post: also normalise after each residual add
+    ffn: Literal["gelu", "gated_gelu"] = "gelu"
+    tie_embeddings: bool = False  # readout = token table, its input scaled by d_model^-1/2 (T5)
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
 
     @property
     def n_position_classes(self) -> int:
@@ -95,11 +110,12 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        assert cfg.d_model % cfg.n_heads == 0, "d_model must be divisible by n_heads"
+        assert cfg.head_dim or cfg.d_model % cfg.n_heads == 0, "d_model must be divisible by n_heads"
         self.cfg = cfg
-        self.n_heads = cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        inner, bias = cfg.n_heads * cfg.d_head, cfg.init != "t5"
+        self.qkv = nn.Linear(cfg.d_model, 3 * inner, bias=bias)
+        self.proj = nn.Linear(inner, cfg.d_model, bias=bias)
         # analyses set this to True to keep the last query's attention weights [B, H, Tk]
         self.record_last_query = False
         self.last_query_attention: torch.Tensor | None = None
@@ -115,8 +131,8 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """rope: this call's (cos, sin); key_ids: the ids of every key, cached ones first; bias: the
         additive attention bias (mask, id window, ALiBi), the same for every layer."""
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
@@ -133,28 +149,73 @@ class Attention(nn.Module):
             if bias is not None:
                 scores = scores + bias[:, :, -1:]
             self.last_query_attention = scores.softmax(-1)[:, :, 0]
-        return self.proj(y.transpose(1, 2).reshape(B, T, C)), (k, v, key_ids)
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1)), (k, v, key_ids)
+
+    @torch.no_grad()
+    def init_t5(self) -> None:
+        """T5's init (Mesh TensorFlow): q ~ (d_model * d_head)^-1/2, k and v ~ d_model^-1/2, out ~
+        (n_heads * d_head)^-1/2, so unscaled logits q.k start with a std near 1."""
+        d, inner = self.cfg.d_model, self.n_heads * self.d_head
+        q, k, v = self.qkv.weight.view(3, inner, d)
+        nn.init.normal_(q, std=(d * self.d_head) ** -0.5)
+        nn.init.normal_(k, std=d**-0.5)
+        nn.init.normal_(v, std=d**-0.5)
+        nn.init.normal_(self.proj.weight, std=inner**-0.5)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:
     return nn.LayerNorm(cfg.d_model) if cfg.norm == "layer" else nn.RMSNorm(cfg.d_model)
 
 
+class GatedFeedForward(nn.Module):
+    """T5 v1.1's gated-GELU feed-forward: out(gelu(x W0) * x W1)."""
+
+    def __init__(self, cfg: ModelConfig, d_ff: int):
+        super().__init__()
+        bias = cfg.init != "t5"
+        self.gate_and_up = nn.Linear(cfg.d_model, 2 * d_ff, bias=bias)
+        self.out = nn.Linear(d_ff, cfg.d_model, bias=bias)
+
+    def forward(self, x):
+        gate, up = self.gate_and_up(x).chunk(2, dim=-1)
+        return self.out(F.gelu(gate, approximate="tanh") * up)
+
+
+def feed_forward(cfg: ModelConfig) -> nn.Module:
+    d_ff, bias = cfg.d_ff or 4 * cfg.d_model, cfg.init != "t5"
+    if cfg.ffn == "gated_gelu":
+        return GatedFeedForward(cfg, d_ff)
+    return nn.Sequential(nn.Linear(cfg.d_model, d_ff, bias=bias), nn.GELU(), nn.Linear(d_ff, cfg.d_model, bias=bias))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        d_ff = cfg.d_ff or 4 * cfg.d_model
         self.ln1 = make_norm(cfg)
         self.attn = Attention(cfg)
         self.ln2 = make_norm(cfg)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, d_ff), nn.GELU(), nn.Linear(d_ff, cfg.d_model))
+        self.mlp = feed_forward(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        # the reference's pre_post: x = norm(x + f(norm(x))), so the residual stream stays at unit RMS
+        self.post = nn.ModuleList([make_norm(cfg), make_norm(cfg)]) if cfg.norm_position == "pre_post" else None
 
     def forward(self, x, rope, key_ids, bias, causal, cache):
         a, new_cache = self.attn(self.ln1(x), rope, key_ids, bias, causal, cache)
         x = x + self.drop(a)
+        if self.post is not None:
+            x = self.post[0](x)
         x = x + self.drop(self.mlp(self.ln2(x)))
+        if self.post is not None:
+            x = self.post[1](x)
         return x, new_cache
+
+    @torch.no_grad()
+    def init_t5(self) -> None:
+        """T5's feed-forward init: in ~ d_model^-1/2, out ~ d_ff^-1/2."""
+        self.attn.init_t5()
+        linears = [m for m in self.mlp.modules() if isinstance(m, nn.Linear)]
+        for layer in linears:
+            nn.init.normal_(layer.weight, std=layer.in_features**-0.5)
 
 
 class PointerHead(nn.Module):
@@ -231,6 +292,8 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
         self.pos_head: nn.Module | None = None
         if cfg.position_head:
             self.pos_head = (PointerHead(cfg.d_model, scan=cfg.position_target == "pointer")
@@ -244,6 +307,11 @@ class DecoderLM(nn.Module):
                 self.tok_emb.weight.mul_(cfg.tok_init_std / 0.02)
             if self.pos_emb is not None and cfg.pos_init_std != 0.02:
                 self.pos_emb.weight.mul_(cfg.pos_init_std / 0.02)
+            if cfg.init == "t5":  # more draws after the common ones: the default stream is unchanged
+                for block in self.blocks:
+                    block.init_t5()
+                if not cfg.tie_embeddings:  # logits of std ~1, as the tied and scaled readout gives
+                    nn.init.normal_(self.lm_head.weight, std=cfg.d_model**-0.5)
         if self.pos_emb is not None and cfg.pos_frozen:
             self.pos_emb.weight.requires_grad_(False)
 
@@ -287,7 +355,7 @@ class DecoderLM(nn.Module):
         bias = self._id_bias(position_ids, key_ids, mask, x.dtype)
         rope = None
         if self.cfg.encoding == "rope":
-            rope = rope_cos_sin(position_ids, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_base, x.dtype)
+            rope = rope_cos_sin(position_ids, self.cfg.d_head, self.cfg.rope_base, x.dtype)
         new_cache: KVCache = []
         for i, block in enumerate(self.blocks):
             x, layer_cache = block(x, rope, key_ids, bias, causal, None if cache is None else cache[i])
@@ -303,6 +371,8 @@ class DecoderLM(nn.Module):
             new_cache.append((keys, keys[..., :0], key_ids))
         elif self.pos_head is not None:
             pos_logits = self.pos_head(x)
+        if self.cfg.tie_embeddings:
+            x = x * self.cfg.d_model**-0.5
         return self.lm_head(x), pos_logits, new_cache
 
     def _id_bias(self, position_ids, key_ids, mask, dtype) -> torch.Tensor | None:

@@ -41,6 +41,10 @@ def shrink(spec: dict) -> dict:
         base["optim"]["warmup_steps"] = 0
     ev = base.setdefault("eval", {})
     ev.update(every_steps=2, samples_per_cell=4, val_samples=4, batch_size=4)
+    if "track" in ev:
+        ev.update(track=ev["track"][:1], track_samples=4)
+    if "select" in ev:
+        ev["select"].update(lengths=ev["select"]["lengths"][:1], samples=4)
     for key in ("lengths", "ks"):
         if key in ev:
             ev[key] = ev[key][:2]

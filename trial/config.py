@@ -108,11 +108,20 @@ class ModelSpec(Strict):
     norm: Literal["layer", "rms"] = Field(ModelConfig.norm, description="LayerNorm or RMSNorm")
     attn_scale: Literal["sqrt", "none"] = Field(
         ModelConfig.attn_scale, description="attention logits divided by sqrt(head dim), or unscaled as in T5")
+    head_dim: int | None = Field(ModelConfig.head_dim, ge=1, le=2**14,
+                                 description="per-head width; default d_model / n_heads (T5's d_kv is free)")
+    init: Literal["default", "t5"] = Field(
+        ModelConfig.init, description="projections N(0, 0.02) with biases, or T5's fan-in init without biases")
+    norm_position: Literal["pre", "pre_post"] = Field(
+        ModelConfig.norm_position, description="norm before each sublayer, or also after each residual add")
+    ffn: Literal["gelu", "gated_gelu"] = Field(ModelConfig.ffn, description="feed-forward: GELU MLP or T5's gated GELU")
+    tie_embeddings: bool = Field(ModelConfig.tie_embeddings,
+                                 description="readout tied to the token table (input scaled by d_model^-1/2)")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelSpec":
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model {self.d_model}")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model {self.d_model} (or set model.head_dim)")
         return self
 
 
@@ -127,6 +136,7 @@ class OptimSpec(Strict):
     steps: int = Field(1000, ge=1, le=MAX_STEPS)
     batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="global batch, split over workers")
     grad_clip: float = Field(1.0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decay ends at lr x this")
 
     @model_validator(mode="after")
     def _warmup_ends(self) -> "OptimSpec":
@@ -147,6 +157,15 @@ class DeepSpeedSpec(Strict):
         return self.compile is True or (self.compile == "auto" and device_type == "cuda")
 
 
+class SelectSpec(Strict):
+    """The reference's checkpoint selection: the step whose teacher-forced metric on held-out samples of
+    `lengths` (longer than training, for the reference) is best; the grid is scored for it and the last."""
+
+    lengths: list[int] = Field(min_length=1, max_length=64, description="the lengths the selection set is drawn at")
+    metric: Literal["loss", "exact"] = Field("loss", description="lowest loss, or highest exact match")
+    samples: int = Field(256, ge=1, le=MAX_SAMPLES, description="held-out samples, spread over the lengths")
+
+
 class EvalSpec(Strict):
     lengths: list[int] = Field(min_length=1, description="test lengths (the task's length axis)")
     ks: list[int] | None = Field(None, min_length=1, description="k_test values; default: the task's train_k")
@@ -154,6 +173,12 @@ class EvalSpec(Strict):
     batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     val_samples: int = Field(256, ge=1, le=MAX_SAMPLES, description="held-out in-distribution validation set")
     every_steps: int = Field(100, ge=1, description="validate and report every N steps")
+    track: list[int] | None = Field(
+        None, min_length=1, max_length=16, description="lengths whose teacher-forced exact match, loss and "
+        "attention margin are reported every every_steps (track/len{N}/...): extrapolation as it trains")
+    track_samples: int = Field(128, ge=1, le=MAX_SAMPLES, description="held-out samples per tracked length")
+    select: SelectSpec | None = Field(None, description="keep the best checkpoint by a metric on these lengths; "
+                                      "the grid is scored for `best` and `last` (default: last only)")
 
 
 class TrialConfig(Strict):
@@ -165,12 +190,19 @@ class TrialConfig(Strict):
     eval: EvalSpec
     loss_gap: LossGapSpec | None = None
     sparsity: SparsitySpec | None = None
-    seed: int = Field(0, ge=0, le=MAX_SEED)
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="model init (and data, unless data_seed is set)")
+    data_seed: int | None = Field(None, ge=0, le=MAX_SEED, description="training, validation and test "
+                                  "data; default: seed (the reference crosses the two)")
 
     @model_validator(mode="before")
     @classmethod
     def _finite(cls, data: Any) -> Any:
         return refuse_non_finite(data)
+
+    @property
+    def data_seed_or_seed(self) -> int:
+        """The seed of every data stream (training, validation, test cells)."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     @cached_property
     def task_obj(self) -> tasks.Task:
@@ -259,6 +291,7 @@ class TrialConfig(Strict):
                     f"eval.lengths: test length {length} needs position id {need}, beyond "
                     f"positional.max_position {max_pos}; raise max_position or drop the length"
                 )
+        self._check_tracked_lengths(task, max_pos)
         if self.loss_gap is not None:
             if task.evaluation != "loss":
                 raise ValueError(f"loss_gap: needs a language-modeling task (task.name: lm), not {task.name!r}")
@@ -268,6 +301,26 @@ class TrialConfig(Strict):
         if self.sparsity is not None:
             self._check_sparsity(task, max_pos)
         return self
+
+    def _check_tracked_lengths(self, task: tasks.Task, max_pos: int) -> None:
+        """eval.track and eval.select draw held-out samples at their lengths (the task's train k)."""
+        k = task.train_k if task.uses_k else None
+        for field, lengths in (("eval.track", self.eval.track), ("eval.select.lengths",
+                                                                 self.eval.select and self.eval.select.lengths)):
+            for length in lengths or []:
+                try:
+                    task.check(length, k)
+                except tasks.TaskParamError as e:
+                    raise ValueError(f"{field}: {e.detail}") from None
+                need = self.ids_needed(length, k)
+                if need >= max_pos:
+                    raise ValueError(f"{field}: length {length} needs position id {need}, beyond "
+                                     f"positional.max_position {max_pos}")
+        if self.eval.select is not None:
+            if task.evaluation == "loss":
+                raise ValueError("eval.select: for tasks scored by generation; language modeling has no best step yet")
+            if self.deepspeed.zero_stage == 3:  # the best weights are kept whole on every rank
+                raise ValueError("eval.select: keeps a whole copy of the weights per rank; use deepspeed.zero_stage <= 2")
 
     def _check_sparsity(self, task: tasks.Task, max_pos: int) -> None:
         s = self.sparsity

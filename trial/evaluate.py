@@ -197,3 +197,74 @@ def evaluate_grid(
             rec["in_distribution"] = length <= task.train_length and (k is None or k <= task.train_k)
             records.append(rec)
     return records
+
+
+def held_out_batches(task: Task, lengths: list[int], samples: int, batch_size: int,
+                     rng: np.random.Generator) -> list[Batch]:
+    """Samples of the given lengths (the task's training k), `samples` spread evenly over them: the
+    selection set of `eval.select`, or one tracked length of `eval.track`."""
+    per_length = -(-samples // len(lengths))
+    return [task.sample(min(batch_size, per_length - i), rng, length=n)
+            for n in lengths for i in range(0, per_length, batch_size)]
+
+
+def trained_id_distance(batches: list[Batch], scheme: PositionalScheme) -> int:
+    """The largest id distance within any of these (training-distribution) sequences."""
+    spans = []
+    for batch in batches:
+        ids = scheme.inference_ids(batch.position_ids)
+        valid = np.arange(ids.shape[1])[None] < batch.seq_len[:, None]
+        spans.append((np.where(valid, ids, -1).max(1) - np.where(valid, ids, 1 << 40).min(1)).max())
+    return int(max(spans))
+
+
+@torch.no_grad()
+def attention_margin(module: DecoderLM, batches: list[Batch], scheme: PositionalScheme, distance: int,
+                     device) -> float:
+    """For the tokens that predict a target: the best attention logit over keys within `distance` ids
+    (the farthest trained) minus the best over keys beyond it, averaged over heads, layers and the
+    queries that have such a key. Negative: some key at an untrained distance outscores every key at
+    a trained one, which is how full-attention coupling fails at long lengths. NaN without far keys."""
+    from models.decoder import apply_rope
+
+    captured = []
+
+    def keep(attn, args):
+        captured.append((attn, args[0], args[1], args[3]))  # x, rope, bias (mask, window, ALiBi)
+
+    was_training = module.training
+    module.eval()
+    hooks = [block.attn.register_forward_pre_hook(keep) for block in module.blocks]
+    total, count = 0.0, 0
+    try:
+        for batch in batches:
+            x = Tensors.of(batch, scheme.inference_ids(batch.position_ids), device)
+            captured.clear()
+            module(x.tokens[:, :-1], x.ids[:, :-1])
+            ids = x.ids[:, :-1]
+            T = ids.shape[1]
+            dist = (ids[:, :, None] - ids[:, None, :]).abs()[:, None]  # [B, 1, Tq, Tk]
+            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+            queries = x.loss_mask[:, 1:][:, None, :, None]  # the tokens that predict a target
+            for attn, h, rope, bias in captured:
+                B = h.shape[0]
+                q, k, _ = attn.qkv(h).view(B, T, 3, attn.n_heads, attn.d_head).permute(2, 0, 3, 1, 4)
+                if rope is not None:
+                    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+                scores = (q @ k.transpose(-1, -2)).float()
+                if attn.cfg.attn_scale == "sqrt":
+                    scores = scores / attn.d_head**0.5
+                if bias is not None:
+                    scores = scores + bias.float()
+                scores = scores.masked_fill(~causal, float("-inf"))
+                near = scores.masked_fill(dist > distance, float("-inf")).amax(-1)
+                far = scores.masked_fill(dist <= distance, float("-inf")).amax(-1)
+                counted = queries[..., 0] & torch.isfinite(far) & torch.isfinite(near)
+                total += (near - far)[counted.expand_as(near)].sum().item()
+                count += counted.expand_as(near).sum().item()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        module.train(was_training)
+    total, count = _all_sum([total, count], device)
+    return total / count if count else float("nan")

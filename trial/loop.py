@@ -21,7 +21,15 @@ import numpy as np
 import torch
 
 from trial.config import TrialConfig
-from trial.evaluate import Tensors, evaluate_grid, next_token_loss, validate
+from trial.evaluate import (
+    Tensors,
+    attention_margin,
+    evaluate_grid,
+    held_out_batches,
+    next_token_loss,
+    trained_id_distance,
+    validate,
+)
 from trial.session import LocalSession, Session, setup_distributed
 
 CONFIG_FILE = "trial_config.json"
@@ -103,7 +111,7 @@ def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
                 "warmup_num_steps": max(1, o.warmup_steps),
                 "warmup_type": "linear",
                 "warmup_min_ratio": 0.0,
-                "cos_min_ratio": 0.1,
+                "cos_min_ratio": o.min_lr_ratio,
             },
         },
         "gradient_clipping": o.grad_clip,
@@ -168,12 +176,18 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     pos, w = cfg.positional, cfg.positional.position_loss_weight
     micro = cfg.optim.batch_size // world
     val_batches = _validation_batches(cfg, task, rank, world)
+    tracked, selection = _tracked_batches(cfg, task, rank, world)
+    distance = trained_id_distance(val_batches, pos.scheme)  # what the attention margin calls "trained"
     clock.lap("data")
     start, client = 0, {}
     with session.restore_dir() as ckpt:
         if ckpt is not None:
-            _, client = engine.load_checkpoint(ckpt, tag="checkpoint")
+            from trial.storage import weights_only_loads
+
+            with weights_only_loads():  # a checkpoint in storage is data, never code
+                _, client = engine.load_checkpoint(ckpt, tag="checkpoint")
             start = int(client["step"])
+    best = client.get("best")  # eval.select: {"step", "value", "state"} of the best step so far
     clock.lap("restore")
     if "final" in client:  # restored after the last report (the driver died before noting it): resend
         final = client["final"]
@@ -185,7 +199,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     engine.train()
 
     def progress(step: int) -> dict:
-        nonlocal eval_s
+        nonlocal eval_s, best
         t = time.time()
         out = {
             "step": step,
@@ -195,14 +209,20 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         }
         with _eager():
             out.update(validate(engine, model, val_batches, pos.scheme, w, device))
+            for length, batches in tracked.items():
+                found = validate(engine, model, batches, pos.scheme, w, device)
+                out[f"track/len{length}/exact"], out[f"track/len{length}/loss"] = found["val_exact"], found["val_loss"]
+                out[f"track/len{length}/margin"] = attention_margin(model, batches, pos.scheme, distance, device)
+            if selection:
+                best = _select(cfg, engine, model, selection, best, step, out, device)
         eval_s += time.time() - t
         return {**out, **clock.metrics(), "time/train_s": train_s, "time/eval_s": eval_s}
 
     for step in range(start + 1, cfg.optim.steps + 1):
         t = time.time()
-        batch = task.sample(micro, np.random.default_rng([cfg.seed, rank, step]))
+        batch = task.sample(micro, np.random.default_rng([cfg.data_seed_or_seed, rank, step]))
         ids = pos.scheme.training_ids(batch.position_ids, batch.seq_len,
-                                      np.random.default_rng([cfg.seed, rank, step, 1]), task.fixed_prefix)
+                                      np.random.default_rng([cfg.data_seed_or_seed, rank, step, 1]), task.fixed_prefix)
         loss, parts, _ = next_token_loss(engine, model, Tensors.of(batch, ids, device), w)
         if not math.isfinite(parts["loss"]):  # parts hold floats already: no extra device sync
             lr = engine.lr_scheduler.get_last_lr()[0]
@@ -215,14 +235,18 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         if step == start + 1:
             clock.lap("first_step")
         if step % cfg.eval.every_steps == 0 and step < cfg.optim.steps:
-            _report(session, engine, progress(step), step, cfg)
+            _report(session, engine, progress(step), step, cfg, best=best)
     # the last report: validation, the extrapolation grid and the analyses (also when resumed at the end)
     metrics = progress(cfg.optim.steps)
     t = time.time()
     records, found, extra = _final_evaluation(engine.module, task, cfg, analyses, rank, world, device)
     metrics.update(found)
+    if best is not None:  # the grid again for the selected step: both are scored, as the reference does
+        records, found = _with_best(engine.module, task, cfg, best, records, rank, world, device)
+        metrics.update(found)
     metrics["time/eval_s"] += time.time() - t  # the grid and the analyses: measuring is evaluating
-    _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True)
+    _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True,
+            best=best)
     return {"metrics": metrics, "records": records}
 
 
@@ -231,13 +255,54 @@ def _final_evaluation(module, task, cfg: TrialConfig, analyses, rank: int, world
     records. Every rank runs the analyses (ZeRO-3 forwards are collective)."""
     with _eager():
         records = evaluate_grid(module, task, cfg.positional.scheme, cfg.grid(), cfg.eval.samples_per_cell,
-                                cfg.eval.batch_size, cfg.seed, rank, world, device)
+                                cfg.eval.batch_size, cfg.data_seed_or_seed, rank, world, device)
         found, extra = summarize(records, cfg), {}
         for name in cfg.analyses_on():
             metrics_of, records_of = analyses[name](module, task, cfg, device)
             found.update(metrics_of)
             extra.update(records_of)
     return records, found, extra
+
+
+def _tracked_batches(cfg: TrialConfig, task, rank: int, world: int) -> tuple[dict, list]:
+    """eval.track's batches per length and eval.select's selection set, held out (their own streams)
+    and sharded over ranks like validation."""
+    e = cfg.eval
+    tracked = {n: held_out_batches(task, [n], -(-e.track_samples // world), e.batch_size,
+                                   np.random.default_rng([cfg.data_seed_or_seed, 104723, n, rank]))
+               for n in e.track or []}
+    selection = [] if e.select is None else held_out_batches(
+        task, e.select.lengths, -(-e.select.samples // world), e.batch_size,
+        np.random.default_rng([cfg.data_seed_or_seed, 104717, rank]))
+    return tracked, selection
+
+
+def _select(cfg: TrialConfig, engine, model, selection: list, best: dict | None, step: int, out: dict,
+            device) -> dict | None:
+    """Score this step on the selection set (`select/loss`, `select/exact`); keep a copy of the weights
+    when it is the best so far (ties: the earlier step). Every rank holds the same weights (ZeRO <= 2)."""
+    found = validate(engine, model, selection, cfg.positional.scheme, cfg.positional.position_loss_weight, device)
+    out["select/loss"], out["select/exact"] = found["val_loss"], found["val_exact"]
+    value = found["val_loss"] if cfg.eval.select.metric == "loss" else -found["val_exact"]
+    if best is not None and not value < best["value"]:
+        return best
+    state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    return {"step": step, "value": value, "state": state}
+
+
+def _with_best(module, task, cfg: TrialConfig, best: dict, last_records: list[dict], rank: int, world: int,
+               device) -> tuple[list[dict], dict]:
+    """The grid's records of both checkpoints (a `checkpoint` column: last, best) and the best one's
+    summary as `best/...`; the module is left holding the best weights."""
+    module.load_state_dict(best["state"])
+    with _eager():
+        records = evaluate_grid(module, task, cfg.positional.scheme, cfg.grid(), cfg.eval.samples_per_cell,
+                                cfg.eval.batch_size, cfg.data_seed_or_seed, rank, world, device)
+    found = {f"best/{k}": v for k, v in summarize(records, cfg).items()}
+    found["best/step"] = best["step"]
+    found[f"best/select_{cfg.eval.select.metric}"] = abs(best["value"])
+    both = [{**r, "checkpoint": "last"} for r in last_records] + [{**r, "checkpoint": "best"} for r in records]
+    return both, found
 
 
 def _model_and_engine(cfg: TrialConfig, vocab_size: int, world: int, device: torch.device, clock: StageClock):
@@ -266,12 +331,13 @@ def _eager():
 
 def _validation_batches(cfg: TrialConfig, task, rank: int, world: int) -> list:
     """The held-out in-distribution set: a different stream from training, sharded over ranks."""
-    val_rng = np.random.default_rng([cfg.seed, 104729, rank])
+    val_rng = np.random.default_rng([cfg.data_seed_or_seed, 104729, rank])
     n_val, bs = -(-cfg.eval.val_samples // world), cfg.eval.batch_size
     return [task.validation_sample(min(bs, n_val - i), val_rng) for i in range(0, n_val, bs)]
 
 
-def _report(session: Session, engine, metrics: dict, step: int, cfg: TrialConfig, final: bool = False) -> None:
+def _report(session: Session, engine, metrics: dict, step: int, cfg: TrialConfig, final: bool = False,
+            best: dict | None = None) -> None:
     """Report metrics; with a checkpointing session, save a DeepSpeed checkpoint alongside (all
     ranks). The last checkpoint also holds the final report, so a trial restored after it
     re-sends it instead of evaluating again."""
@@ -279,6 +345,8 @@ def _report(session: Session, engine, metrics: dict, step: int, cfg: TrialConfig
         session.report(metrics)
         return
     state = {"step": step}
+    if best is not None:  # a restored trial selects among all its steps, not only those after the restore
+        state["best"] = best
     if final:
         state["final"] = metrics
     with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
