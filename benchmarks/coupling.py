@@ -101,9 +101,22 @@ def _run_trial(job: dict) -> dict:
     from trial.loop import train_loop_per_worker
     from trial.session import LocalSession
 
+    class Tracking(LocalSession):
+        """Keeps each report's `track/...` and `select/...` series (eval.track, eval.select)."""
+
+        def __init__(self, stream):
+            super().__init__(stream)
+            self.series = []
+
+        def report(self, metrics, checkpoint_dir=None):
+            kept = {k: v for k, v in metrics.items() if k.startswith(("track/", "select/"))}
+            if kept:
+                self.series.append({"step": metrics["step"], **kept})
+
     start = time.time()
     with open(os.devnull, "w") as quiet:
-        out = train_loop_per_worker(job["trial"], LocalSession(quiet), ANALYSES)
+        session = Tracking(quiet)
+        out = train_loop_per_worker(job["trial"], session, ANALYSES)
     own = TrialConfig.model_validate(job["trial"]).positional.scheme.own_ids
     rows = [
         {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"],
@@ -112,7 +125,24 @@ def _run_trial(job: dict) -> dict:
          "exact_match": r["exact_match"], "id_match": r.get("id_match")}
         for r in out["records"]
     ]
-    return {"rows": rows, "val_exact": out["metrics"]["val_exact"], "seconds": time.time() - start}
+    series = [{"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"], **point}
+              for point in session.series]
+    return {"rows": rows, "series": series, "val_exact": out["metrics"]["val_exact"],
+            "seconds": time.time() - start}
+
+
+def trajectory(series, every: int = 1) -> str:
+    """The tracked series of each cell (eval.track: teacher-forced exact match and attention margin at
+    longer lengths; eval.select: the selection loss), mean over seeds, a row per `every`-th report."""
+    import pandas as pd
+
+    frame = pd.DataFrame(series)
+    columns = [c for c in frame.columns if c.startswith(("track/", "select/"))]
+    out = []
+    for cell, group in frame.groupby("cell", sort=False):
+        means = group.groupby("step")[columns].mean()
+        out.append(f"\n{cell}\n" + means.iloc[::every].round(3).to_string())
+    return "\n".join(out)
 
 
 def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None) -> tuple[list[dict], int]:
@@ -231,12 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     all_jobs = [job for _, jobs, _ in plans for job in jobs]
     print(f"{len(all_jobs)} trials ({', '.join(p.stem for p in paths)}), seeds {args.seeds}, "
           f"{args.workers} at a time", flush=True)
-    start, rows, seconds = time.time(), [], []
+    start, rows, series, seconds = time.time(), [], [], []
     import multiprocessing
 
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for i, (job, result) in enumerate(zip(all_jobs, pool.map(_run_trial, all_jobs)), 1):
             rows += result["rows"]
+            series += result["series"]
             seconds.append(result["seconds"])
             print(f"[{time.time() - start:6.0f}s] {i}/{len(all_jobs)} {job['spec']} {job['cell']} "
                   f"seed={job['trial']['seed']} val_exact={result['val_exact']:.3f} ({result['seconds']:.0f}s)",
@@ -256,9 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name} (train length {train_length}): exact match over seeds {args.seeds}")
         print(summary.unstack("length").round(3).to_string())
         failures += check_claims(table, name, train_length)
+        if series and any(point["spec"] == name for point in series):
+            print(f"\n{name}: tracked while training (mean over seeds)" + trajectory(
+                [point for point in series if point["spec"] == name]))
     print(f"\n{len(all_jobs)} trials in {time.time() - start:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
-        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "failures": failures}, indent=1))
+        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series,
+                                               "failures": failures}, indent=1))
     for failure in failures:
         print(f"claim failed: {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -4,10 +4,11 @@ left behind (a probe folder made to test that a folder is writable is removed ag
 
 - `--storage`: a folder must be a folder (not a file, not under a file) that this user can create
   or write; a `file:` URI is the local path it names; a bucket URI carries neither credentials
-  (`s3://KEY:SECRET@bucket`: use the environment or an instance role) nor a query string
+  (`s3://KEY:SECRET@bucket`, `?secret_key=`: use the environment or an instance role) nor a query string
   (`?region=...`: the environment's AWS_REGION / AWS_ENDPOINT_URL say that).
 - `--mlflow-uri`: a tracking server (`http(s)://`) must answer its REST API within a few seconds;
-  a SQLite store's folder must be creatable; no password in the URI.
+  a SQLite store's folder must be creatable; `databricks` is a tracking URI; no password in the URI
+  (user info, query or fragment).
 - `--address` / RAY_ADDRESS: `local` in any spelling means the embedded loopback-only Ray
   (`ray_address`); anything else must accept a TCP connection within a few seconds, before Ray
   starts (a `ray.init` against nothing hangs for a minute and then fails in a traceback).
@@ -60,6 +61,8 @@ def load_yaml_mapping(path: str, flag: str) -> tuple[dict | None, str | None]:
         return None, f"{flag}: {where}: {'; '.join(filter(None, [e.context, e.problem]))}"
     except (yaml.YAMLError, ValueError) as e:
         return None, f"{flag}: {path}: not YAML: {' '.join(str(e).split())}"
+    except RecursionError:  # thousands of nested brackets: the parser's own recursion gives out
+        return None, f"{flag}: {path}: nested too deeply to be a config"
     if not isinstance(data, dict):
         what = "nothing" if data is None else f"a {type(data).__name__}"
         return None, f"{flag}: {path} holds {what}, not a YAML mapping"
@@ -93,9 +96,13 @@ def check_cluster_yaml(path: str) -> str | None:
 
 # --- URIs ------------------------------------------------------------------------------------------
 def credentials_problem(flag: str, uri: str, hint: str) -> str | None:
-    """A URI that carries a password (or, for a bucket, any user part: an access key) is refused:
-    it would be printed, logged and stored in every trial's config. The message never repeats it."""
-    info = store.userinfo(uri)
+    """A URI that carries a password (or, for a bucket, any user part: an access key), or a secret
+    in its query or fragment (`?password=`, `#access_token=`), is refused: it would be printed,
+    logged and stored in every trial's config and Tune's state. The message never repeats it."""
+    info, keys = store.userinfo(uri), store.secret_keys(uri)
+    if keys:
+        return (f"{flag}: {store.redact(uri)}: a secret in the URI ({', '.join(keys)}) is refused (it would be "
+                f"echoed in messages and stored in every trial's config); remove it and use {hint}")
     if info is None:
         return None
     if ":" not in info and flag not in ("--storage",):
@@ -114,7 +121,7 @@ def check_storage(storage: str) -> str | None:
         parts = urlsplit(storage)
         if scheme == "file":
             if store.local_path_of(storage) is None:
-                return (f"--storage: {storage}: a file: URI names a path on this machine "
+                return (f"--storage: {store.redact(storage)}: a file: URI names a path on this machine "
                         "(file:///absolute/path), with no host, query or fragment")
         elif parts.query or parts.fragment or "?" in storage or "#" in storage:
             return (f"--storage: {store.redact(storage)}: a query string or fragment is not supported (the study's "
@@ -167,6 +174,8 @@ def check_mlflow_uri(uri: str, network: bool = True) -> str | None:
         return check_local_folder("--mlflow-uri", os.path.dirname(path), uri)
     if scheme in ("http", "https"):
         return check_tracking_server(uri) if network else None
+    if scheme == "databricks":  # `databricks` or `databricks://profile`: MLflow's own scheme, not a path
+        return None
     if ("://" not in uri or scheme == "file") and \
             os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
         return (f"--mlflow-uri: {uri}: MLflow 3 refuses a file store (unless MLFLOW_ALLOW_FILE_STORE=true); "

@@ -43,6 +43,8 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
             **cell.factors,
             **{f"search.{k}": v for k, v in t["config"]["params"].items()},
             "seed": t["config"]["trial"]["seed"],
+            # the data seed where it is not the model seed (a grid over it is a factor already)
+            **({"data_seed": t["config"]["trial"]["data_seed"]} if "data_seed" in t["config"]["trial"] else {}),
             "role": t["config"].get("role", "search"),
             "selected_from": t["config"].get("selected_from"),
             "search_index": t["config"].get("search_index"),
@@ -116,10 +118,15 @@ def interval(values: pd.Series, proportion: bool = False) -> tuple[float, float,
     return (mean, max(lo, 0.0), min(hi, 1.0), n) if proportion else (mean, lo, hi, n)
 
 
+EXTRAPOLATES = 0.95  # the exact match from which a run counts as solving a length (Zhou et al. 2024 count them)
+
+
 def summarize_seeds(spec: StudySpec, results: pd.DataFrame, selected: pd.DataFrame) -> pd.DataFrame:
-    """Per cell x test length x k_test: the selected config's accuracy over its seeds (the model's
-    own ids: PPC's predicted ids, coupling's oracle ids)."""
+    """Per cell x test length x k_test (x checkpoint, with eval.select): the selected config's accuracy
+    over its seeds (the model's own ids: PPC's predicted ids, coupling's oracle ids), and the fraction
+    of its runs whose exact match reaches EXTRAPOLATES (`runs_solved`): results swing with the seed."""
     rows = []
+    by = ["length", "k", "checkpoint"] if "checkpoint" in results else ["length", "k"]
     for sel in selected.itertuples(index=False):
         cell_rows = results[results.cell == sel.cell]
         runs = seed_runs(spec, cell_rows.drop_duplicates("trial_id"), sel.trial_id)
@@ -127,13 +134,15 @@ def summarize_seeds(spec: StudySpec, results: pd.DataFrame, selected: pd.DataFra
         if rec.empty:
             continue
         rec = rec[rec.ids == rec.ids.iloc[0]]
-        for (length, k), g in rec.groupby(["length", "k"], dropna=False, sort=True):
+        for key, g in rec.groupby(by, dropna=False, sort=True):
             acc, lo, hi, n = interval(g.answer_acc, proportion=True)
             exact, elo, ehi, _ = interval(g.exact_match, proportion=True)
-            rows.append({"cell": sel.cell, "length": length, "k": k, "ids": g.ids.iloc[0],
+            solved = pd.to_numeric(g.exact_match, errors="coerce").dropna()
+            rows.append({"cell": sel.cell, **dict(zip(by, key)), "ids": g.ids.iloc[0],
                          "in_distribution": bool(g.in_distribution.iloc[0]), "seeds": n,
                          "answer_acc": acc, "answer_acc_lo": lo, "answer_acc_hi": hi,
-                         "exact_match": exact, "exact_match_lo": elo, "exact_match_hi": ehi})
+                         "exact_match": exact, "exact_match_lo": elo, "exact_match_hi": ehi,
+                         "runs_solved": float((solved >= EXTRAPOLATES).mean()) if len(solved) else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -237,10 +246,12 @@ def _write_report_files(spec: StudySpec, results: pd.DataFrame, out_dir: str
     _to_csv(summary, files["summary"])
     if not summary.empty:
         train_lengths, train_ks = cell_train_sizes(spec)
-        files["plot"] = plot_accuracy(summary, os.path.join(out_dir, "accuracy_vs_length.png"), train_lengths)
+        # the figures show the last checkpoint; summary.csv holds both
+        shown = summary[summary.checkpoint == "last"] if "checkpoint" in summary else summary
+        files["plot"] = plot_accuracy(shown, os.path.join(out_dir, "accuracy_vs_length.png"), train_lengths)
         for factor in spec.grid:
             name = f"accuracy_by_{factor.replace('.', '_')}.png"
-            written = plot_factor(spec, summary, factor, os.path.join(out_dir, name), train_lengths, train_ks)
+            written = plot_factor(spec, shown, factor, os.path.join(out_dir, name), train_lengths, train_ks)
             if written:
                 files[f"by_{factor}"] = written
         scatter = plot_sparsity(results, os.path.join(out_dir, "sparsity_vs_extrapolation.png"))
@@ -284,9 +295,11 @@ def summary_lines(spec: StudySpec, selected: pd.DataFrame, summary: pd.DataFrame
         at = summary[summary.length == longest]
         lines.append(f"answer accuracy at test length {longest}, per k_test (mean [95% interval] over seeds):")
         for cell, g in at.groupby("cell", sort=False):
-            parts = [f"k={'all' if k != k else int(k)}: {_mean_ci(a, lo, hi)}" for k, a, lo, hi in
-                     zip(g.k, g.answer_acc, g.answer_acc_lo, g.answer_acc_hi)]
-            lines.append(f"  {cell}: " + "; ".join(parts))
+            for checkpoint, part in (g.groupby("checkpoint", sort=False) if "checkpoint" in g else [("", g)]):
+                parts = [f"k={'all' if k != k else int(k)}: {_mean_ci(a, lo, hi)} "
+                         f"({solved:.0%} of runs exact >= {EXTRAPOLATES})" for k, a, lo, hi, solved in
+                         zip(part.k, part.answer_acc, part.answer_acc_lo, part.answer_acc_hi, part.runs_solved)]
+                lines.append(f"  {cell}{f' ({checkpoint} checkpoint)' if checkpoint else ''}: " + "; ".join(parts))
     return lines
 
 
@@ -302,20 +315,26 @@ def _read_study(source: str, tracking_uri: str | None, tmp: str) -> tuple[StudyS
     else:
         from mlflow.tracking import MlflowClient
 
+        from study.identity import NAME_TAG, PARENT_TAG, find_runs, literal
+
         client = MlflowClient(tracking_uri)
+        # the studies of a name: in its experiment and in those of other artifact locations (study/identity.py)
+        exps = {e.experiment_id: e for e in client.search_experiments(
+            filter_string=f"tags.`{NAME_TAG}` = {literal(source)}")} if literal(source) else {}
         exp = client.get_experiment_by_name(source)
-        if exp is None:
+        if exp is not None and exp.lifecycle_stage == "active":
+            exps[exp.experiment_id] = exp
+        if not exps:
             raise SystemExit(f"error: {source}: neither a study folder nor an experiment in {tracking_uri}")
-        parents = client.search_runs([exp.experiment_id], "tags.`study.parent` = 'true'", max_results=1000,
-                                     order_by=["attributes.start_time DESC"])
+        parents = find_runs(client, list(exps), {PARENT_TAG: "true"}, max_results=1000)
         if not parents:
             raise SystemExit(f"error: experiment {source} has no study run")
         run_id = parents[0].info.run_id  # studies of one name (other storages): the newest
         for name in ("results.csv", "study_spec.json"):
             client.download_artifacts(run_id, name, tmp)
-        folder, where = tmp, f"MLflow run {run_id} of experiment {source}"
+        folder, where = tmp, f"MLflow run {run_id} of experiment {exps[parents[0].info.experiment_id].name}"
         if len(parents) > 1:
-            where += (f" (it holds {len(parents)} studies of this name; this is the newest, "
+            where += (f" (the tracking store holds {len(parents)} studies of this name; this is the newest, "
                       f"{parents[0].data.tags.get('study.location', 'made before study ids')}; "
                       "give a study folder to read another)")
     broken = check_sealed(folder)

@@ -91,7 +91,8 @@ def plan_lines(spec: StudySpec, max_concurrent: int | None) -> list[str]:
     return lines
 
 
-def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking_uri: str) -> list[str]:
+def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking_uri: str,
+                  experiment: str | None = None) -> list[str]:
     """The end of a study in the terminal: per cell the selected config (and how a tie was broken),
     its means and 95% intervals over seeds, accuracy per k_test at the longest test length, the
     files written, and where MLflow shows it (the UI with this venv's `mlflow`, and a deep link
@@ -103,8 +104,9 @@ def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking
 
     lines = summary_lines(spec, selected, summary) + ["files:"] + [f"  {f}" for f in files]
     try:
-        link = runs_link(tracking_uri, MlflowClient(tracking_uri).get_experiment_by_name(spec.name).experiment_id)
-    except RECORDING_ERRORS:
+        exp = MlflowClient(tracking_uri).get_experiment_by_name(experiment or spec.name)
+        link = runs_link(tracking_uri, exp.experiment_id)
+    except (*RECORDING_ERRORS, AttributeError):  # AttributeError: no such experiment (None)
         return lines
     if tracking_uri.startswith("http"):
         return lines + [f"MLflow:  {link}"]
@@ -206,9 +208,10 @@ def _main(args) -> int:
             raise Exit(1, f"error: {e}") from None
         os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
     tracking_uri = _tracking_uri(args, storage, study_dir)
+    experiment = _checked_record(spec, study_dir, tracking_uri, stored)
     selected, summary, files, failed, unrecorded = _run_locked(args, spec, study_dir, tracking_uri, address,
                                                                concurrency, stored)
-    print("\n".join(closing_lines(spec, selected, summary, files, tracking_uri)))
+    print("\n".join(closing_lines(spec, selected, summary, files, tracking_uri, experiment)))
     chosen = set(selected["cell"]) if "cell" in selected else set()
     unselected = [c.label for c in spec.cells() if c.label not in chosen]
     if unrecorded:
@@ -253,7 +256,7 @@ def _dry_run(args, spec: StudySpec, concurrency: int | None) -> int:
 
 def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, address: str | None):
     """Whether this study may start (or resume) here; returns its stored identity on --resume (None
-    for a study made before study ids, or a new study)."""
+    for a new study). A study without a readable study.json or driver.lock is refused."""
     from study import identity as ident
     from trial import storage as store
 
@@ -271,18 +274,59 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
                                    "continue it, or choose another --storage or name")
     if args.resume and not found:
         raise Exit(EXIT_BAD_INPUT, f"error: --resume: no study {spec.name!r} in {study_dir}")
-    stored = ident.read(study_dir) if args.resume else None
-    if stored is not None:  # the restored search holds the stored spec: a resume must run that one
-        changed = ident.changed_fields(stored.spec, spec)
-        if changed:
-            raise Exit(EXIT_BAD_INPUT, f"error: --resume: {args.space} differs from the spec study {spec.name!r} "
-                       f"started with ({store.join(study_dir, ident.FILE)}) in: {', '.join(changed)}. A resume "
-                       f"may change only {', '.join(ident.RESUMABLE_CHANGES)}; for anything else start a new "
-                       "study (another name or --storage)")
-    elif args.resume:
-        print(f"note: study {spec.name!r} was made before study ids: its spec is not checked against the one "
-              "it started with, and its MLflow parent is found by name", flush=True)
+    _check_lock_file(study_dir)
+    if not args.resume:
+        return None
+    try:  # no study.json (or a corrupt one): refused, never matched to a record by name
+        stored = ident.read(study_dir, spec.name)
+    except ident.StudyFileError as e:
+        raise Exit(EXIT_BAD_INPUT, f"error: --resume: {e}") from None
+    except store.StorageError as e:
+        raise Exit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
+    changed = ident.changed_fields(stored.spec, spec)  # the restored search holds the stored spec
+    if changed:
+        raise Exit(EXIT_BAD_INPUT, f"error: --resume: {args.space} differs from the spec study {spec.name!r} "
+                   f"started with ({store.join(study_dir, ident.FILE)}) in: {', '.join(changed)}. A resume "
+                   f"may change only {', '.join(ident.RESUMABLE_CHANGES)}; for anything else start a new "
+                   "study (another name or --storage)")
     return stored
+
+
+def _check_lock_file(study_dir: str) -> None:
+    """A driver.lock that is not one (study/lock.py reads a JSON object; an empty file is a driver
+    killed mid-write, which it takes over) is refused: nothing can say whose it is."""
+    import json
+
+    from study.lock import FILE
+    from trial import storage as store
+
+    path = store.join(study_dir, FILE)
+    try:
+        raw = store.read_bytes(path)
+        if raw and not isinstance(json.loads(raw.decode("utf-8")), dict):
+            raise ValueError("not a JSON object")
+    except store.StorageError as e:
+        raise Exit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise Exit(EXIT_BAD_INPUT, f"error: {store.redact(path)}: not a driver lock ({' '.join(str(e).split())[:120]}); "
+                   "nothing was changed. If no driver runs this study, delete the file and run again") from None
+
+
+def _checked_record(spec: StudySpec, study_dir: str, tracking_uri: str, stored) -> str | None:
+    """The MLflow experiment the study records to (study/identity.py), checked before Ray starts:
+    one that cannot be used (deleted) is refused here, not in a traceback once the cluster runs."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from study import identity as ident
+
+    try:
+        return ident.study_experiment(MlflowClient(tracking_uri), spec, ident.artifact_root(
+            study_dir, tracking_uri, spec.name), stored)[1]
+    except ident.RecordRefused as e:
+        raise Exit(EXIT_BAD_INPUT, f"error: mlflow: {e}") from None
+    except (MlflowException, OSError):  # not answering now: the tracker waits for it (study/tracking.py)
+        return None
 
 
 def _tracking_uri(args, storage: str, study_dir: str) -> str:

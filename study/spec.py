@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from trial import metrics
 from trial.config import TaskSpec, TrialConfig, selectable_metrics
-from trial.limits import MAX_SEED, Strict, refuse_non_finite
+from trial.limits import MAX_SEED, Strict, check_plan_size, refuse_non_finite
 from trial.yaml_io import describe_errors, load_yaml
 
 EXTRAPOLATION_METRICS = metrics.EXTRAPOLATION
@@ -219,9 +219,10 @@ class StudySpec(Strict):
         if self.seed + self.replicas - 1 > MAX_SEED:
             raise ValueError(f"seed: replicas use seeds {self.seed}..{self.seed + self.replicas - 1}, "
                              f"beyond {MAX_SEED}")
-        params = self.search.params if self.search else {}
-        for cell in self.cells():
-            for point, blame in _points(params):
+        points = list(_points(self.search.params if self.search else {}))
+        check_plan_size(self.grid, self.trials_per_cell, len(points), searched=self.search is not None)
+        for cell in self.cells():  # bounded now: the product is not built before the check
+            for point, blame in points:
                 self._check_trial(cell, point, blame)
         return self
 

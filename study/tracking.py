@@ -27,13 +27,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from study.identity import StudyIdentity
+from study.identity import PARENT_TAG, StudyIdentity, find_runs, literal, study_experiment
 from study.snapshots import SnapshotDue
 from study.spec import StudySpec, flat_params
 from study.trial_record import extrapolation_metrics, is_metric, log_final_artifacts
 from trial.storage import first_line as _first_line, uri_of
 
-PARENT_TAG = "study.parent"
 TRIAL_TAG = "tune.trial_id"
 
 
@@ -68,21 +67,6 @@ def deferrable(hook):
     return call
 
 
-def open_experiment(client: MlflowClient, spec: StudySpec, artifact_location: str | None) -> str:
-    """The experiment of the study's name; a new one shows the description (and spec) on its page.
-    An experiment that exists may hold other studies of this name (other storages, or a folder made
-    again): its page is theirs too and is left as it is."""
-    exp = client.get_experiment_by_name(spec.name)
-    if exp:
-        return exp.experiment_id
-    exp_id = client.create_experiment(spec.name, artifact_location=artifact_location)
-    import yaml
-
-    note = f"{spec.description}\n\n```yaml\n{yaml.safe_dump(spec.model_dump(mode='json'), sort_keys=False)}```"
-    client.set_experiment_tag(exp_id, "mlflow.note.content", note)
-    return exp_id
-
-
 def source_tags() -> dict[str, str]:
     """MLflow's own source tags: the entry point and, in a git checkout, the commit, with
     `code.dirty` true when tracked files have changes (so a result is never credited to a commit
@@ -111,32 +95,32 @@ def runs_link(tracking_uri: str, experiment_id: str) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
-def find_run(client: MlflowClient, experiment_id: str, **tags: str):
-    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    runs = client.search_runs([experiment_id], filter_string=query, max_results=1)
-    return runs[0] if runs else None
-
-
 class StudyTracker(Callback):
     """The study's MLflow record. Its parent run is found by the study's identity (study/identity.py),
     never by name alone, and every child is looked up under that parent: a study never reads, tags,
-    deletes or overwrites another study's runs, though several share an experiment. `identity` is
-    None only for a study made before identities, resumed: its parent is the experiment's."""
+    deletes or overwrites another study's runs, though several may share an experiment (one per
+    artifact location: study/identity.py's study_experiment). Without an `identity` nothing is
+    looked up: the study gets a parent run of its own."""
 
     def __init__(self, spec: StudySpec, tracking_uri: str, artifact_location: str | None = None,
                  identity: StudyIdentity | None = None):
         self.spec = spec
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri)
-        self.experiment_id = open_experiment(self.client, spec, artifact_location)
+        self.experiment_id, exp_name, note = study_experiment(self.client, spec, artifact_location, identity,
+                                                              create=True)
+        if note:
+            print(note, flush=True)
         self.source = source_tags()
         own = identity.tags() if identity else {}
-        parent = find_run(self.client, self.experiment_id, **{PARENT_TAG: "true"}, **own)
+        # never by name alone: without an identity there is nothing that could prove a parent its own
+        parent = next(iter(find_runs(self.client, [self.experiment_id], {PARENT_TAG: "true", **own})), None) \
+            if identity else None
         if parent is None:
-            others = find_run(self.client, self.experiment_id, **{PARENT_TAG: "true"})
-            if others is not None:
-                print(f"mlflow: experiment {spec.name!r} already holds another study of this name "
-                      f"({others.data.tags.get('study.location', 'made before study ids')}); this study "
+            others = find_runs(self.client, [self.experiment_id], {PARENT_TAG: "true"})
+            if others:
+                print(f"mlflow: experiment {exp_name!r} already holds another study of this name "
+                      f"({others[0].data.tags.get('study.location', 'made before study ids')}); this study "
                       f"({identity.location if identity else '?'}) records to a parent run of its own", flush=True)
             parent = self.client.create_run(
                 self.experiment_id,
@@ -216,8 +200,8 @@ class StudyTracker(Callback):
     def _child(self, trial) -> str:
         if trial.trial_id in self.children:
             return self.children[trial.trial_id]
-        found = find_run(self.client, self.experiment_id, **{"mlflow.parentRunId": self.parent_id,
-                                                             TRIAL_TAG: trial.trial_id})
+        found = next(iter(find_runs(self.client, [self.experiment_id], {"mlflow.parentRunId": self.parent_id,
+                                                                        TRIAL_TAG: trial.trial_id})), None)
         if found is not None:  # resumed study: keep the trial's run
             run_id = found.info.run_id
             if found.info.status == "FINISHED":
@@ -334,7 +318,7 @@ class StudyTracker(Callback):
         driver killed between a snapshot and the FINISHED mark leaves the run of a terminated trial
         unfinished: it is marked FINISHED. Returns the deleted run ids."""
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = "
-                                       f"'{self.parent_id}'", max_results=50000)
+                                       f"{literal(self.parent_id)}", max_results=50000)
         dropped = []
         for r in runs:
             trial_id, status = r.data.tags.get(TRIAL_TAG), r.info.status
@@ -350,7 +334,7 @@ class StudyTracker(Callback):
         selected config (means over its seeds): `cell{i}/acc_beyond`, ..., `cell{i}/seeds`."""
         chosen = set(selected.trial_id) if len(selected) else set()
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = "
-                                       f"'{self.parent_id}'", max_results=50000)
+                                       f"{literal(self.parent_id)}", max_results=50000)
         for r in runs:
             flag = "true" if r.data.tags.get(TRIAL_TAG) in chosen else "false"
             if r.data.tags.get("selected") != flag:

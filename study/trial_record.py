@@ -4,8 +4,9 @@ and a table, its accuracy-by-length figure, and the tables and figures of its an
 The grid's metrics: `acc_len/k{K}` (and `exact_len`, `loss_len`) with the test length as the step,
 so MLflow's chart of it is the extrapolation curve; the same accuracy as flat `acc_at_len{N}/k{K}`
 keys, which the runs table can show side by side, for at most 8 lengths x 4 k (evenly spaced, the
-shortest and longest among them): a run's metrics stay bounded as the grid grows. The whole grid is
-always `eval/records.csv`.
+shortest and longest among them): a run's metrics stay bounded as the grid grows. With `eval.select`
+the grid is also scored for the best checkpoint: the same keys under `best/`. The whole grid is
+always `eval/records.csv` (its `checkpoint` column: last, best).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -
     records = result.get("eval_records")
     if records:
         client.log_text(run_id, records_csv(records), "eval/records.csv")
-        log_trial_plot(client, run_id, records, trial_config)
+        log_trial_plot(client, run_id, [r for r in records if r.get("checkpoint", "last") == "last"], trial_config)
     if result.get("loss_gap_records"):
         log_loss_gap(client, run_id, result["loss_gap_summary"], result["loss_gap_records"])
     if result.get("sparsity_targets"):
@@ -68,7 +69,17 @@ def log_sparsity(client, run_id: str, rows: list[dict], trial_config: dict) -> N
 def extrapolation_metrics(records: list[dict], now: int) -> list[Metric]:
     """The grid as MLflow metrics: per k and id mode a curve over length (one key each), and flat
     `acc_at_len{N}/k{K}` keys for at most FLAT_LENGTHS x FLAT_KS cells of the model's own ids, so a
-    run's metric count stays bounded as the grid grows (the whole grid is eval/records.csv)."""
+    run's metric count stays bounded as the grid grows (the whole grid is eval/records.csv). The
+    best checkpoint's records (eval.select) give the same keys under `best/`."""
+    last = [r for r in records if r.get("checkpoint", "last") == "last"]
+    best = [r for r in records if r.get("checkpoint") == "best"]
+    out = _grid_metrics(last, now)
+    if best:
+        out += [Metric(f"best/{m.key}", m.value, m.timestamp, m.step) for m in _grid_metrics(best, now)]
+    return out
+
+
+def _grid_metrics(records: list[dict], now: int) -> list[Metric]:
     primary = records[0]["ids"]  # the model's own ids come first (PPC: predicted)
     out = []
     for r in records:

@@ -24,6 +24,8 @@ def parse_param(item: str) -> tuple[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
+    except RecursionError:  # no parameter nests; a traceback would not say which argument
+        raise TaskParamError(key, "a value nested too deeply to read") from None
     return key, value
 
 

@@ -17,6 +17,9 @@ import numpy as np
 PAD = "<pad>"
 EOS = "<eos>"
 BOS = "<bos>"
+# Symbols a task parameter may ask for (copy's `alphabet`, variable_assignment's `num_vars`): the
+# vocabulary is built when a config is validated, and a billion symbols would exhaust memory there.
+MAX_SYMBOLS = 2**16
 
 
 class TaskParamError(ValueError):
@@ -145,12 +148,17 @@ def _is_int(value: object) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
-def require_int(param: str, value: object, minimum: int) -> int:
-    """Validate an integer parameter, naming it on failure (bools are rejected on purpose)."""
+def require_int(param: str, value: object, minimum: int, maximum: int | None = None,
+                bound: str = "") -> int:
+    """Validate an integer parameter, naming it on failure (bools are rejected on purpose);
+    `bound` names the constant `maximum` comes from, for the error."""
     if not _is_int(value):
         raise TaskParamError(param, f"expected an integer, got {value!r}")
     if value < minimum:  # type: ignore[operator]
         raise TaskParamError(param, f"{value} is smaller than {minimum}")
+    if maximum is not None and value > maximum:  # type: ignore[operator]
+        named = f" ({bound})" if bound else ""
+        raise TaskParamError(param, f"{value} is larger than the bound of {maximum}{named}")
     return int(value)  # type: ignore[arg-type]
 
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Batch, Task, Vocab, make_batch, require_int
+from .base import MAX_SYMBOLS, Batch, Task, Vocab, make_batch, require_int
 
 
 class CopyTask(Task):
@@ -23,7 +23,7 @@ class CopyTask(Task):
     default_train_length: ClassVar[int] = 10
 
     def __init__(self, *, alphabet: int = 10, **common: Any) -> None:
-        self.alphabet = require_int("alphabet", alphabet, 1)
+        self.alphabet = require_int("alphabet", alphabet, 1, MAX_SYMBOLS, "symbols, tasks.base.MAX_SYMBOLS")
         super().__init__(**common)
         self._symbol_ids = self.vocab.ids(self._symbols())
         # Multi-character symbols would make a joined answer ambiguous.

@@ -26,13 +26,19 @@ import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from .base import TaskParamError
 
 EOS_ID = 1
+# Largest `max_bytes`: the text is held in memory as bytes and again as uint16 ids (3 GiB at the
+# bound, in every process that loads it); the shipped paper_lm_sparsity spec uses 5e8.
+MAX_CORPUS_BYTES = 2**30
+# A JSON string escapes a byte as at most 6 characters (\uXXXX): a line holding max_bytes of text fits
+# in 6 x max_bytes plus this much for the rest of its record; a longer line is refused, not read whole.
+JSONL_LINE_SLACK = 2**16
 BYTE_OFFSET = 2  # ids 0 and 1 are <pad> and <eos>; byte b is id b + 2
 STDLIB_EXCLUDE_DIRS = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idlelib", "tkinter", "lib2to3", "__pycache__"}
@@ -82,21 +88,35 @@ def _folder_files(folder: Path, pattern: str) -> Iterator[tuple[str, Path]]:
     return iter(files)
 
 
-def _read_files(files: Iterable[tuple[str, Path]]) -> Iterator[tuple[str, bytes]]:
-    """Read lazily so a max_bytes cap stops reading; text is normalised through UTF-8 (replace)."""
+def _read_prefix(path: Path, room: int) -> bytes:
+    """The first `room` bytes of the file's text normalised through UTF-8 (replace), reading at most
+    room + 4 bytes: every raw byte becomes at least one normalised byte, and a character cut at the
+    end of the read (at most 3 bytes of one) lies past `room`, so the prefix equals the whole file's."""
+    with open(path, "rb") as f:
+        return f.read(room + 4).decode("utf-8", errors="replace").encode("utf-8")[:room]
+
+
+def _read_files(files: Iterable[tuple[str, Path]]) -> Iterator[tuple[str, Callable[[int], bytes]]]:
+    """Lazily: _capped reads each file only up to the room left under max_bytes."""
     for name, path in files:
-        yield name, path.read_bytes().decode("utf-8", errors="replace").encode("utf-8")
+        yield name, lambda room, path=path: _read_prefix(path, room)
 
 
-def _jsonl_records(path: Path, text_field: str) -> Iterator[tuple[str, bytes]]:
+def _jsonl_records(path: Path, text_field: str, max_bytes: int) -> Iterator[tuple[str, bytes]]:
+    longest = 6 * max_bytes + JSONL_LINE_SLACK
     with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in enumerate(iter(lambda: f.readline(longest + 1), ""), 1):
+            if len(line) > longest:
+                raise TaskParamError("corpus", f"{path}:{lineno}: a line longer than {longest} characters "
+                                     "(6 x max_bytes + JSONL_LINE_SLACK); a record is read whole")
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise TaskParamError("corpus", f"{path}:{lineno}: not JSON ({e.msg})") from None
+            except RecursionError:
+                raise TaskParamError("corpus", f"{path}:{lineno}: JSON nested too deeply to read") from None
             if not isinstance(record, dict) or text_field not in record:
                 raise TaskParamError("text_field", f"{path}:{lineno}: no field {text_field!r}")
             text = record[text_field]
@@ -136,19 +156,23 @@ def _hf_records(spec: str, hf_split: str, hf_config: str | None, text_field: str
             i += 1
 
 
-def _capped(docs: Iterable[tuple[str, bytes]], max_bytes: int) -> tuple[tuple[str, bytes], ...]:
-    """Documents in order until max_bytes of text; the last one is cut to fit exactly."""
+Document = tuple[str, bytes | Callable[[int], bytes]]  # (name, text or a reader taking a byte count)
+
+
+def _capped(docs: Iterable[Document], max_bytes: int) -> tuple[tuple[str, bytes], ...]:
+    """Documents in order until max_bytes of text; the last one is cut to fit exactly. Nothing is
+    pulled from `docs` once it is full, and a document given as a function is read only up to the
+    room left (it takes that many bytes)."""
     kept: list[tuple[str, bytes]] = []
     total = 0
-    for name, data in docs:
-        if not data:
-            continue
+    docs = iter(docs)
+    while total < max_bytes and (doc := next(docs, None)) is not None:
+        name, data = doc
         room = max_bytes - total
-        if room <= 0:
-            break
-        data = data[:room]
-        kept.append((name, data))
-        total += len(data)
+        data = data(room) if callable(data) else data[:room]
+        if data:
+            kept.append((name, data))
+            total += len(data)
     return tuple(kept)
 
 
@@ -199,7 +223,7 @@ def load_documents(corpus: str, **source: object) -> tuple[tuple[str, bytes], ..
     elif kind == "folder":
         docs = _capped(_read_files(_folder_files(Path(key[1]), key[2])), max_bytes)
     elif kind == "jsonl":
-        docs = _capped(_jsonl_records(Path(key[1]), key[2]), max_bytes)
+        docs = _capped(_jsonl_records(Path(key[1]), key[2], max_bytes), max_bytes)
     else:
         _, spec, hf_split, hf_config, text_field, _ = key
         docs = _capped(_hf_records(spec, hf_split, hf_config, text_field), max_bytes)

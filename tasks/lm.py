@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from .base import Batch, Task, TaskParamError, Vocab, make_batch, require_int
-from .corpus import BYTE_OFFSET, EOS_ID, SplitCorpus, split_corpus
+from .corpus import BYTE_OFFSET, EOS_ID, MAX_CORPUS_BYTES, SplitCorpus, split_corpus
 
 BYTE_TOKENS = [f"b{b:03d}" for b in range(256)]
 
@@ -81,7 +81,7 @@ class LMTask(Task):
             raise TaskParamError("bos", "synthetic tasks only; a text window has no start token")
         if self.train_length < 2:
             raise TaskParamError("train_length", f"{self.train_length} is smaller than 2 (a window needs a target)")
-        max_bytes = require_int("max_bytes", max_bytes, 1)
+        max_bytes = require_int("max_bytes", max_bytes, 1, MAX_CORPUS_BYTES, "tasks.corpus.MAX_CORPUS_BYTES")
         split_seed = require_int("split_seed", split_seed, 0)
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
             raise TaskParamError("val_fraction", f"expected a number in (0, 1), got {val_fraction!r}")

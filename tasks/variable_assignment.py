@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Batch, Task, TaskParamError, Vocab, make_batch, require_int
+from .base import MAX_SYMBOLS, Batch, Task, TaskParamError, Vocab, make_batch, require_int
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -50,7 +50,7 @@ class VariableAssignmentTask(Task):
         if not isinstance(scratchpad, bool):
             raise TaskParamError("scratchpad", f"expected true/false, got {scratchpad!r}")
         self.scratchpad = scratchpad
-        self.num_vars = require_int("num_vars", num_vars, 1)
+        self.num_vars = require_int("num_vars", num_vars, 1, MAX_SYMBOLS, "symbols, tasks.base.MAX_SYMBOLS")
         if (
             not isinstance(distractor_end_prob, Real)
             or isinstance(distractor_end_prob, bool)

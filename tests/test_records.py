@@ -65,18 +65,24 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
     before = record_of(db, "records")
 
-    # the same spec in another storage, one MLflow store: a second study beside the first
+    # the same spec in another storage, one MLflow store: a second study beside the first, in an
+    # experiment of its own whose artifacts are under its own storage (issue 28)
     second = run(["--space", str(spec), "--storage", str(b), "--mlflow-uri", uri])
     assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "already holds another study of this name" in second.stdout
-    # and the first study's folder deleted and made again: a third
+    elsewhere = f"records @ {b / 'mlartifacts' / 'records'}"
+    assert f"this study records to experiment {elsewhere!r}" in second.stdout, second.stdout[-3000:]
+    # and the first study's folder deleted and made again: a third, beside the first
     shutil.rmtree(a / "records")
     third = run(["--space", str(spec), "--storage", str(a), "--mlflow-uri", uri])
     assert third.returncode == 1, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "already holds another study of this name" in third.stdout
 
     _, parents, children = mlflow_runs(db, "records")
-    assert len(parents) == 3 and len({p.data.tags["study.id"] for p in parents}) == 3
-    assert len(children) == 6
+    _, b_parents, b_children = mlflow_runs(db, elsewhere)
+    assert len(parents) == 2 and len(b_parents) == 1
+    assert len({p.data.tags["study.id"] for p in [*parents, *b_parents]}) == 3
+    assert len(children) == 4 and len(b_children) == 2
+    assert all(r.info.artifact_uri.startswith(str(b)) for r in [*b_parents, *b_children])
     after = record_of(db, "records")
     assert {rid: after[rid] for rid in before} == before  # byte for byte, tags and artifacts too
 

@@ -131,3 +131,29 @@ def test_coupling_tables_count_the_runs_that_extrapolate_per_checkpoint():
     last, best = [line for line in table.splitlines() if line.startswith("| `c`")]
     assert "last checkpoint" in last and last.endswith("| 2/4 |")
     assert "best checkpoint" in best and best.endswith("| 4/4 |")
+
+
+def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
+    import pandas as pd
+
+    from study.report import summarize_seeds
+    from study.spec import StudySpec
+    from study.trial_record import extrapolation_metrics
+
+    records = [{"length": n, "k": None, "ids": "coupled", "answer_acc": acc, "exact_match": acc,
+                "in_distribution": n == 8, "checkpoint": checkpoint}
+               for checkpoint, acc in (("last", 0.25), ("best", 1.0)) for n in (8, 16)]
+    keys = {m.key: m.value for m in extrapolation_metrics(records, now=0) if m.step == 16 or "at_len" in m.key}
+    assert keys["exact_len/kall"] == 0.25 and keys["best/exact_len/kall"] == 1.0
+    assert keys["acc_at_len16/kall"] == 0.25 and keys["best/acc_at_len16/kall"] == 1.0
+
+    spec = StudySpec.model_validate({"name": "s", "task": {"name": "addition", "params": {"train_length": 8}},
+                                     "base": {"eval": {"lengths": [8, 16]}, "positional": {"max_position": 64}},
+                                     "search": "none", "replicas": 2, "scheduler": {"type": "none"}})
+    cell = spec.cells()[0].label
+    results = pd.DataFrame([{**r, "trial_id": f"t{seed}", "cell": cell, "seed": seed, "status": "TERMINATED",
+                             "role": "search", "exact_match": r["exact_match"] if seed == 0 else 0.9}
+                            for seed in (0, 1) for r in records])
+    selected = pd.DataFrame([{"cell": cell, "trial_id": "t0"}])
+    summary = summarize_seeds(spec, results, selected).set_index(["length", "checkpoint"])
+    assert summary.loc[(16, "best"), "runs_solved"] == 0.5 and summary.loc[(16, "last"), "runs_solved"] == 0.0

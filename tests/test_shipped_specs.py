@@ -22,7 +22,7 @@ import textwrap
 import pandas as pd
 import pytest
 import yaml
-from test_study import ENV, ROOT
+from test_study import ENV, ROOT, mlflow_runs
 
 pytestmark = pytest.mark.slow
 
@@ -109,3 +109,9 @@ def test_every_shipped_spec_runs_shrunk(tmp_path):
         per_cell = raw["search"]["trials_per_cell"] + raw["replicas"] - 1 if isinstance(raw.get("search"), dict) \
             else raw["replicas"]
         assert results.trial_id.nunique() == cells * per_cell, path.name
+        if "select" in raw["base"].get("eval", {}):  # eval.select: the grid of both checkpoints, in both records
+            assert set(results.checkpoint) == {"last", "best"}, path.name
+            _, _, children = mlflow_runs(storage / "mlflow.db", raw["name"])
+            assert children and all({"best/step", "best/exact_beyond"} <= set(c.data.metrics) and
+                                    any(k.startswith("best/exact_len/") for k in c.data.metrics)
+                                    for c in children), path.name

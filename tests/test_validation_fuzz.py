@@ -178,7 +178,7 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
     bad("search-choice-betas", "optim.betas",
         lambda s: add_search(s, "optim.betas", {"choice": [[0.9, 0.98], [0.9, rng.choice([1.0, 3.0])]]}))
     d_model = base_value(raw, "model.d_model", 128)
-    if is_free(raw, "model.n_heads"):
+    if is_free(raw, "model.n_heads") and base_value(raw, "model.head_dim", None) is None:  # else any count fits
         bad("search-choice-heads", "model.n_heads",
             lambda s: add_search(s, "model.n_heads", {"choice": [1, next(h for h in range(3, 99) if d_model % h)]}))
     if is_free(raw, "positional.encoding"):
@@ -229,7 +229,8 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
     good("cpus-fraction", lambda s: s.setdefault("resources", {}).update(cpus_per_worker=rng.choice([0.5, 1.5])))
     good("deepspeed-agrees", lambda s: s["base"].update(
         deepspeed={"zero_stage": res.get("zero_stage", 0), "bf16": res.get("bf16", False)}))
-    good("search-dropout", lambda s: add_search(s, "model.dropout", {"uniform": [0.0, 0.2]}))
+    if is_free(raw, "model.dropout"):  # not where the grid sets the whole model group
+        good("search-dropout", lambda s: add_search(s, "model.dropout", {"uniform": [0.0, 0.2]}))
     good("search-int-warmup", lambda s: add_search(s, "optim.warmup_steps", {"int": [0, min(20, steps)]}))
     good("name", lambda s: s.update(name="".join(rng.choice("abcXYZ019-_.") for _ in range(100)).strip(".") or "x"))
     good("betas", lambda s: set_path(s["base"], "optim.betas", [0.0, 0.999]))
@@ -356,6 +357,13 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("model.embed_init_std", put("model.embed_init_std", 0)),
         ("model.norm", put("model.norm", "batch")),
         ("model.attn_scale", put("model.attn_scale", "cube")),
+        ("model.head_dim", put("model.head_dim", 0)),
+        ("model.init", put("model.init", "xavier")),
+        ("model.norm_position", put("model.norm_position", "post")),
+        ("model.ffn", put("model.ffn", "swiglu")),
+        ("model.tie_embeddings", put("model.tie_embeddings", "sometimes")),
+        ("optim.min_lr_ratio", put("optim.min_lr_ratio", 1.5)),
+        ("data_seed", put("data_seed", -1)),
         ("optim.lr", put("optim.lr", 0)),
         ("optim.weight_decay", put("optim.weight_decay", -0.1)),
         ("optim.steps", put("optim.steps", 0)),
@@ -368,6 +376,13 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("eval.batch_size", put("eval.batch_size", 0)),
         ("eval.val_samples", put("eval.val_samples", 0)),
         ("eval.every_steps", put("eval.every_steps", 0)),
+        # a tracked or selection length whose ids do not fit (the cross-field check)
+        ("eval.track", lambda c: c["eval"].update(track=[c["positional"]["max_position"] * 4])),
+        ("eval.track_samples", put("eval.track_samples", 0)),
+        ("eval.select.lengths", lambda c: c["eval"].update(select={"lengths": [c["positional"]["max_position"] * 4]})),
+        ("eval.select.metric", lambda c: c["eval"].update(select={"lengths": c["eval"]["lengths"][:1],
+                                                                  "metric": "accuracy"})),
+        ("eval.select.samples", lambda c: c["eval"].update(select={"lengths": c["eval"]["lengths"][:1], "samples": 0})),
         ("loss_gap.long_context", section("loss_gap", long_context=1)),
         ("loss_gap.short_context", section("loss_gap", short_context=300)),  # not below long_context 256
         ("loss_gap.ks", section("loss_gap", ks=[1, 500])),  # beyond long_context - short_context

@@ -24,6 +24,7 @@ from trial import metrics
 from trial.analysis_specs import LossGapSpec, SparsitySpec
 from trial.limits import (
     MAX_BATCH,
+    MAX_EVAL_CELLS,
     MAX_PARAMETERS,
     MAX_POSITION,
     MAX_SAMPLES,
@@ -179,6 +180,14 @@ class EvalSpec(Strict):
     track_samples: int = Field(128, ge=1, le=MAX_SAMPLES, description="held-out samples per tracked length")
     select: SelectSpec | None = Field(None, description="keep the best checkpoint by a metric on these lengths; "
                                       "the grid is scored for `best` and `last` (default: last only)")
+
+    @model_validator(mode="after")
+    def _grid_is_bounded(self) -> "EvalSpec":
+        cells = len(self.lengths) * len(self.ks or [None])  # before the product is built
+        if cells > MAX_EVAL_CELLS:
+            raise ValueError(f"lengths: {len(self.lengths)} lengths x {len(self.ks or [None])} ks = {cells} evaluation "
+                             f"cells, beyond the bound of {MAX_EVAL_CELLS} (MAX_EVAL_CELLS in trial/limits.py)")
+        return self
 
 
 class TrialConfig(Strict):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 import time
 import uuid
@@ -111,14 +112,42 @@ def join(base: str, *parts: str) -> str:
 
 
 def redact(uri: str) -> str:
-    """The URI with any user:password@ part replaced by ***@, fit to be printed or stored."""
+    """The URI fit to be printed or stored: any user:password@ part replaced by ***@, and the value
+    of every query or fragment parameter that holds a secret (`secret_keys`) by ***."""
     if not is_uri(uri):
         return uri
     scheme, _, rest = uri.partition("://")
     authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}://{authority}{slash}{path}"
+    user, at, host = authority.rpartition("@")  # the last @ before the path: a password may hold @
+    tail, hash_, fragment = (host + slash + path).partition("#")
+    tail, ask, query = tail.partition("?")
+    return f"{scheme}://{'***' if at else ''}{at}{tail}{ask}{_hide(query)}{hash_}{_hide(fragment)}"
+
+
+# query or fragment parameters that carry a credential: a database's password (password, passwd,
+# pwd, sslpassword), a token, a key or secret, a presigned URL's signature and credential
+SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential|signature|^sig$|^auth$|authori[sz]ation|"
+                        r"(^|[_.-])(api|access|account|private|session|sas)?[_.-]?key$", re.IGNORECASE)
+
+
+def _pairs(text: str) -> list[tuple[str, str, str]]:
+    """A query's or fragment's `key=value` parts (separated by & or ;) as (key, '=' or '', value)."""
+    return [part.partition("=") for part in re.split(r"[&;]", text)] if text else []
+
+
+def _hide(text: str) -> str:
+    return re.sub(r"([^&;=]*)=([^&;]*)", lambda m: f"{m[1]}=***" if SECRET_KEY.search(unquote(m[1])) else m[0], text)
+
+
+def secret_keys(uri: str) -> list[str]:
+    """The query and fragment parameters of a URI whose value is a secret (`?password=...`)."""
+    if not is_uri(uri):
+        return []
+    rest = uri.partition("://")[2]
+    host = rest.partition("/")[0].rpartition("@")[2] + "/" + rest.partition("/")[2]
+    tail, _, fragment = host.partition("#")
+    query = tail.partition("?")[2]
+    return [unquote(k) for k, eq, v in _pairs(query) + _pairs(fragment) if eq and v and SECRET_KEY.search(unquote(k))]
 
 
 def userinfo(uri: str) -> str | None:
@@ -150,7 +179,8 @@ def exists(path: str) -> bool:
 def _scrub(message: str, uri: str) -> str:
     """A store's error message without the credentials of `uri`, should it quote them."""
     info = userinfo(uri)
-    for secret in filter(None, (info, *(info or "").split(":"))):
+    hidden = [v for k, eq, v in _pairs(uri.partition("?")[2].replace("#", "&")) if eq and SECRET_KEY.search(k)]
+    for secret in sorted(filter(None, (info, *(info or "").split(":"), *hidden)), key=len, reverse=True):
         message = message.replace(secret, "***")
     return message
 
@@ -263,17 +293,17 @@ FULL_BELOW_BYTES = 8 << 20  # a folder's disk with less free space than this cou
 
 def disk_full(path: str, error: BaseException | None = None) -> str | None:
     """Why the disk under a local `path` is full (out of space: ENOSPC somewhere in `error`'s chain,
-    or under FULL_BELOW_BYTES free), or None; always None for a bucket."""
+    or under FULL_BELOW_BYTES free), or None; for a bucket, the driver's local staging (_staging_full)."""
     import shutil
 
-    if is_uri(path):
-        return None
     seen, e = set(), error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             break
         e = e.__cause__ or e.__context__
+    if is_uri(path):
+        return _staging_full(path, e)
     folder = os.path.abspath(path)
     while not os.path.exists(folder):
         folder = os.path.dirname(folder)
@@ -281,3 +311,25 @@ def disk_full(path: str, error: BaseException | None = None) -> str | None:
     if e is not None or free < FULL_BELOW_BYTES:
         return f"the disk under {path} is full ({free / 2**20:.1f} MiB free)"
     return None
+
+
+def _staging_full(uri: str, enospc: OSError | None) -> str | None:
+    """disk_full for a bucket: the study is in the bucket, but the driver stages on its own disk (its
+    MLflow SQLite store in ./studies, Tune's and the report's temporary files): the folder the full
+    write named, else the first of those folders under FULL_BELOW_BYTES free."""
+    import shutil
+    import tempfile
+
+    named = getattr(enospc, "filename", None)
+    folders = [os.path.dirname(os.path.abspath(named))] if isinstance(named, str) else [
+        os.path.abspath("studies"), tempfile.gettempdir()]
+    free = {}
+    for folder in folders:
+        while not os.path.exists(folder):
+            folder = os.path.dirname(folder)
+        free[folder] = shutil.disk_usage(folder).free
+    folder = min(free, key=free.get)  # the fullest
+    if enospc is None and free[folder] >= FULL_BELOW_BYTES:
+        return None
+    return (f"the local disk under {folder}, where the driver stages the study for {redact(uri)}, is full "
+            f"({free[folder] / 2**20:.1f} MiB free)")

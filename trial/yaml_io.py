@@ -1,8 +1,9 @@
 """Reading YAML files strictly, and saying what is wrong with them (or with a config) one field a line.
 
-- `load_yaml`: one document, one mapping, no key given twice, no nesting beyond MAX_YAML_DEPTH, and
-  no alias bomb (`check_yaml_expansion` counts the values before anything is built); errors start
-  with `file:line:column:`.
+- `load_yaml`: at most MAX_YAML_BYTES, one document, one mapping, no key given twice, no nesting
+  beyond MAX_YAML_DEPTH (also through aliases), no recursive alias and no alias bomb
+  (`check_yaml_expansion` reads the events before anything is built); errors start with
+  `file:line:column:`.
 - `describe_errors`: a pydantic ValidationError as one line per problem, each naming its field.
 
 Trial configs and study specs both read through here; study/preflight.py uses the alias check for the
@@ -18,18 +19,28 @@ import yaml
 MAX_YAML_DEPTH = 50  # nesting a config may have; deeper is refused naming the key
 MAX_SCAN_DEPTH = 200  # nesting beyond which the alias count stops (the loaders refuse it themselves)
 MAX_YAML_EXPANSION = 100_000  # values a YAML file may hold once its aliases are expanded
+# bytes of a config file: PyYAML parses some 30-100 KB a second, so loading one stays within seconds
+# (the shipped specs are under 3 KB; a grid of 1,000 written-out positional schemes under 100 KB)
+MAX_YAML_BYTES = 2**18
 
 
 class YamlBomb(ValueError):
-    """A YAML file whose aliases expand to more values than MAX_YAML_EXPANSION."""
+    """A YAML file whose aliases expand to more than MAX_YAML_EXPANSION values, nest deeper than
+    MAX_YAML_DEPTH, or refer to a collection they are inside (a recursive structure)."""
+
+
+def _at(path: str, mark) -> str:
+    return f"{path}:{mark.line + 1}:{mark.column + 1}"
 
 
 def check_yaml_expansion(path: str, limit: int = MAX_YAML_EXPANSION) -> None:
     """Raise YamlBomb (`file:line:column: ...`) if the aliases of the YAML at `path` expand to more
-    than `limit` values. Reads events only: nothing is expanded or constructed, and a file that is
-    not YAML is left to the loader to report."""
-    sizes: dict[str, int] = {}  # anchor -> values under it, aliases expanded
-    stack: list[list] = []  # open collections: [values so far, anchor]
+    than `limit` values, nest deeper than MAX_YAML_DEPTH, or are recursive (`a: &l {b: *l}`, which
+    the loaders would build into a dict that contains itself: a RecursionError in whatever walks it).
+    Reads events only: nothing is expanded or constructed, and a file that is not YAML is left to the
+    loader to report."""
+    sizes: dict[str, tuple[int, int]] = {}  # anchor -> (values, nesting) under it, aliases expanded
+    stack: list[list] = []  # open collections: [values so far, anchor, deepest child nesting]
     total, aliases = 0, False
     with open(path, "rb") as f:
         try:
@@ -37,26 +48,37 @@ def check_yaml_expansion(path: str, limit: int = MAX_YAML_EXPANSION) -> None:
                 if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
                     if len(stack) >= MAX_SCAN_DEPTH:
                         return  # the loaders refuse this depth themselves, naming the key
-                    stack.append([1, event.anchor])
+                    stack.append([1, event.anchor, 0])
                     continue
+                mark = event.start_mark
                 if isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-                    size, anchor = stack.pop()
+                    size, anchor, depth = stack.pop()
+                    depth += 1
                 elif isinstance(event, yaml.ScalarEvent):
-                    size, anchor = 1, event.anchor
+                    size, anchor, depth = 1, event.anchor, 0
                 elif isinstance(event, yaml.AliasEvent):
-                    size, anchor, aliases = sizes.get(event.anchor, 1), None, True
+                    name = event.anchor
+                    if any(open_anchor == name for _, open_anchor, _ in stack):
+                        raise YamlBomb(f"{_at(path, mark)}: alias *{name} is inside the collection &{name} "
+                                       "it names (a recursive YAML alias); write the values out instead")
+                    (size, depth), anchor, aliases = sizes.get(name, (1, 0)), None, True
+                    deep = len(stack) + depth
+                    if deep > MAX_YAML_DEPTH:  # a chain of aliases nests without bound
+                        raise YamlBomb(f"{_at(path, mark)}: alias *{name} nests its values {deep} levels "
+                                       f"deep, beyond the bound of {MAX_YAML_DEPTH} (MAX_YAML_DEPTH); write "
+                                       "the values out instead")
                 else:
                     continue
                 if anchor is not None:
-                    sizes[anchor] = size
+                    sizes[anchor] = (size, depth)
                 if stack:
                     stack[-1][0] += size
+                    stack[-1][2] = max(stack[-1][2], depth)
                 else:
                     total += size
-                if aliases and (total + sum(s for s, _ in stack)) > limit:
-                    mark = event.start_mark
-                    raise YamlBomb(f"{path}:{mark.line + 1}:{mark.column + 1}: its aliases expand to more "
-                                   f"than {limit} values (a YAML alias bomb?); write the values out instead")
+                if aliases and (total + sum(s for s, _, _ in stack)) > limit:
+                    raise YamlBomb(f"{_at(path, mark)}: its aliases expand to more than {limit} values (a "
+                                   "YAML alias bomb?); write the values out instead")
         except yaml.YAMLError:
             return
 
@@ -106,6 +128,11 @@ class _StrictLoader(yaml.SafeLoader):
 def load_yaml(path: str, what: str) -> dict:
     """Read a file holding one YAML mapping (`what` says which kind, for the error). Aliases are not
     expanded without bound: an alias bomb is refused before anything is built."""
+    with open(path, "rb") as f:
+        size = len(f.read(MAX_YAML_BYTES + 1))
+    if size > MAX_YAML_BYTES:
+        raise InputFileError(f"{path}: more than {MAX_YAML_BYTES} bytes, the bound on a config file "
+                             "(MAX_YAML_BYTES in trial/yaml_io.py)")
     try:
         check_yaml_expansion(path)
     except YamlBomb as e:
@@ -119,7 +146,7 @@ def load_yaml(path: str, what: str) -> dict:
                 loader.dispose()
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
-            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+            where = _at(path, mark) if mark else path
             raise InputFileError(f"{where}: {'; '.join(filter(None, [e.context, e.problem]))}") from None
         except yaml.YAMLError as e:  # a character YAML may not hold
             raise InputFileError(f"{path}: {' '.join(str(e).split())}") from None

@@ -1,0 +1,254 @@
+"""Issue 28's findings on what a study records and where (a code review): a quote in a path, a study
+without (or with a corrupt) study.json or driver.lock, secrets anywhere in a URI, same-name studies'
+artifacts, a deleted experiment, `--mlflow-uri databricks`. Real MLflow (SQLite), real Ray and
+Optuna for the end-to-end study; run.py's `main` in-process where nothing may start (a tripwire in
+place of the study, as in tests/test_validation_fuzz.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_study import BIN, ENV, ROOT, mlflow_runs, run, write_spec
+
+from study import run as run_cli
+
+SMOKE = str(ROOT / "search_spaces" / "smoke.yaml")
+SECRET = "hunter2-s3cret"
+
+
+@pytest.fixture
+def no_study_starts(monkeypatch):
+    """A tripwire in place of the study: reaching it means the input was not refused before Ray."""
+    from study import tuning
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("the study started: the input was not refused")
+
+    monkeypatch.setattr(tuning, "run_study", tripwire)
+    monkeypatch.setattr(tuning, "start_ray", tripwire)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def refused(argv: list[str], capsys, named: str) -> str:
+    """run.py's main on `argv` exits 2 with one `error:` line naming `named`; returns the line."""
+    code = run_cli.main(["--space", SMOKE, *argv])
+    out, err = capsys.readouterr()
+    assert code == 2, f"accepted: {argv}\n{out[-2000:]}\n{err[-2000:]}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert named in lines[0], (named, err)
+    return lines[0] + out
+
+
+def tracker(tmp_path: Path, location: str, artifacts: str, uri: str | None = None):
+    """A StudyTracker (no Ray needed to make one) of the smoke spec for a study at `location`."""
+    from study.identity import StudyIdentity
+    from study.spec import load_spec
+    from study.tracking import StudyTracker
+
+    spec = load_spec(SMOKE)
+    ident = StudyIdentity(f"{abs(hash((location, artifacts))):032x}", location, "2026-01-01T00:00:00+00:00",
+                          spec.model_dump(mode="json"))
+    return StudyTracker(spec, uri or f"sqlite:///{tmp_path}/mlflow.db", artifacts, ident)
+
+
+# --- 1. a quote in a path ------------------------------------------------------------------------------
+@pytest.mark.parametrize("folder", ["o'neil", 'say "hi"', "o'neil \"the\" 2nd"])
+def test_a_quote_in_the_study_location_finds_its_own_parent_again(tmp_path, folder):
+    """MLflow's filter strings take a literal's text between its quotes as it is (no escapes): the
+    study's location once went in unescaped, and a quote in it ended the study in a traceback."""
+    location = str(tmp_path / folder / "studies" / "smoke")
+    artifacts = str(tmp_path / folder / "studies" / "mlartifacts" / "smoke")
+    first = tracker(tmp_path, location, artifacts)
+    again = tracker(tmp_path, location, artifacts)  # a resume finds the same parent
+    assert again.parent_id == first.parent_id
+    parent = first.client.get_run(first.parent_id)
+    assert parent.data.tags["study.location"] == location
+
+
+# --- 2. identity never by name alone ---------------------------------------------------------------------
+def test_a_tracker_without_an_identity_never_adopts_another_studys_parent(tmp_path):
+    from study.spec import load_spec
+    from study.tracking import StudyTracker
+
+    other = tracker(tmp_path, str(tmp_path / "a" / "smoke"), str(tmp_path / "a" / "mlartifacts" / "smoke"))
+    other.client.set_terminated(other.parent_id, "FAILED")
+    before = other.client.get_run(other.parent_id)
+    anonymous = StudyTracker(load_spec(SMOKE), f"sqlite:///{tmp_path}/mlflow.db",
+                             str(tmp_path / "a" / "mlartifacts" / "smoke"), None)
+    assert anonymous.parent_id != other.parent_id
+    after = other.client.get_run(other.parent_id)
+    assert (after.info.status, after.data.tags) == (before.info.status, before.data.tags)
+
+
+def made_before_study_ids(storage: Path) -> Path:
+    """A study folder as a study made before study ids left it: Tune's folder and no study.json."""
+    folder = storage / "smoke"
+    (folder / "tune").mkdir(parents=True)
+    return folder
+
+
+def test_resume_of_a_study_without_study_json_is_refused(tmp_path, capsys, monkeypatch, no_study_starts):
+    monkeypatch.chdir(tmp_path)
+    folder = made_before_study_ids(tmp_path / "studies")
+    line = refused(["--storage", str(tmp_path / "studies"), "--resume"], capsys, str(folder / "study.json"))
+    assert "never matched by name" in line, line
+
+
+@pytest.mark.parametrize("text", ["{\"id\": \"abc\", \"locat", "[1, 2]", "{\"id\": 3}", "\x00\xff"])
+def test_resume_of_a_study_with_a_corrupt_study_json_is_refused(tmp_path, capsys, monkeypatch, no_study_starts,
+                                                                 text):
+    monkeypatch.chdir(tmp_path)
+    folder = made_before_study_ids(tmp_path / "studies")
+    (folder / "study.json").write_bytes(text.encode("latin-1"))
+    refused(["--storage", str(tmp_path / "studies"), "--resume"], capsys, str(folder / "study.json"))
+    assert (folder / "study.json").read_bytes() == text.encode("latin-1")  # nothing recorded is lost
+
+
+@pytest.mark.parametrize("text", ["{\"host\": \"h\", \"pi", "[1, 2]", "\"a lock\"", "\x00\xff"])
+def test_a_corrupt_driver_lock_is_refused(tmp_path, capsys, monkeypatch, no_study_starts, text):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "studies" / "smoke"
+    folder.mkdir(parents=True)
+    (folder / "driver.lock").write_bytes(text.encode("latin-1"))
+    refused(["--storage", str(tmp_path / "studies")], capsys, str(folder / "driver.lock"))
+    assert (folder / "driver.lock").read_bytes() == text.encode("latin-1")
+    assert not (folder / "tune").exists()
+
+
+# --- 3. secrets anywhere in a URI -------------------------------------------------------------------------
+SECRET_URIS = [
+    ("--mlflow-uri", f"postgresql+psycopg2://mlflow@db/mlflow?password={SECRET}"),
+    ("--mlflow-uri", f"postgresql://mlflow@db/mlflow?sslmode=require&sslpassword={SECRET}"),
+    ("--mlflow-uri", f"mysql://mlflow@db/mlflow?passwd={SECRET}"),
+    ("--mlflow-uri", f"http://127.0.0.1:1/?token={SECRET}"),
+    ("--mlflow-uri", f"https://mlflow.example.com/#access_token={SECRET}"),
+    ("--storage", f"s3://bucket/studies?secret_key={SECRET}"),
+    ("--storage", f"gs://bucket/studies#access_token={SECRET}"),
+    ("--storage", f"file:///tmp/studies?password={SECRET}"),
+    ("--storage", f"s3://bucket/studies?X-Amz-Signature={SECRET}&X-Amz-Credential=AKIA"),
+]
+
+
+@pytest.mark.parametrize("flag,uri", SECRET_URIS, ids=[f"{f}-{i}" for i, (f, _) in enumerate(SECRET_URIS)])
+def test_a_secret_anywhere_in_a_uri_is_refused_and_never_echoed(flag, uri, tmp_path, capsys, monkeypatch,
+                                                                 no_study_starts):
+    monkeypatch.chdir(tmp_path)
+    argv = [flag, uri] if flag == "--storage" else [flag, uri, "--storage", str(tmp_path / "studies")]
+    line = refused(argv, capsys, flag)
+    assert SECRET not in line
+    assert not (tmp_path / "studies").exists()
+
+
+def test_redact_hides_secrets_in_the_query_and_fragment_and_keeps_the_rest():
+    from trial import storage as store
+
+    assert store.redact(f"postgresql://u:{SECRET}@db/m?sslmode=require&password={SECRET}#token={SECRET}") == \
+        "postgresql://***@db/m?sslmode=require&password=***#token=***"
+    assert store.redact("s3://bucket/p?region=us-east-1") == "s3://bucket/p?region=us-east-1"
+    assert store.redact("/a/local/path?password=x") == "/a/local/path?password=x"  # a folder's name
+
+
+def test_a_uri_with_harmless_options_and_a_user_name_is_accepted(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = run_cli.main(["--space", SMOKE, "--storage", str(tmp_path / "studies"), "--dry-run",
+                         "--mlflow-uri", "postgresql://mlflow@db/mlflow?sslmode=require&connect_timeout=5"])
+    assert code == 0, capsys.readouterr().err
+
+
+# --- 10a. databricks -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("uri", ["databricks", "databricks://my-profile", "Databricks"])
+def test_databricks_is_a_tracking_uri_not_a_file_store(uri, tmp_path, capsys, monkeypatch):
+    from study.preflight import check_mlflow_uri
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert check_mlflow_uri(uri, network=True) is None  # and nothing is contacted
+    code = run_cli.main(["--space", SMOKE, "--storage", str(tmp_path / "studies"), "--mlflow-uri", uri, "--dry-run"])
+    assert code == 0, capsys.readouterr().err
+
+
+# --- 5. one artifact location per study ------------------------------------------------------------------
+def test_same_name_studies_keep_their_artifacts_under_their_own_storage(tmp_path):
+    a = tracker(tmp_path, str(tmp_path / "a" / "smoke"), str(tmp_path / "a" / "mlartifacts" / "smoke"))
+    b = tracker(tmp_path, str(tmp_path / "b" / "smoke"), str(tmp_path / "b" / "mlartifacts" / "smoke"))
+    (tmp_path / "note.txt").write_text("b's")
+    b.client.log_artifact(b.parent_id, str(tmp_path / "note.txt"))
+    uri_a = a.client.get_run(a.parent_id).info.artifact_uri
+    uri_b = b.client.get_run(b.parent_id).info.artifact_uri
+    assert uri_a.startswith(str(tmp_path / "a" / "mlartifacts")), uri_a
+    assert uri_b.startswith(str(tmp_path / "b" / "mlartifacts")), uri_b
+    assert list((tmp_path / "b" / "mlartifacts").rglob("note.txt")) and not list(tmp_path.glob("a/**/note.txt"))
+    # the second study is found again (a resume) where it recorded, and so is the first
+    assert tracker(tmp_path, str(tmp_path / "b" / "smoke"), str(tmp_path / "b" / "mlartifacts" / "smoke")
+                   ).parent_id == b.parent_id
+    assert tracker(tmp_path, str(tmp_path / "a" / "smoke"), str(tmp_path / "a" / "mlartifacts" / "smoke")
+                   ).parent_id == a.parent_id
+
+
+def test_a_deleted_experiment_of_the_name_is_refused_before_ray(tmp_path, capsys, monkeypatch, no_study_starts):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    storage = tmp_path / "studies"
+    storage.mkdir()
+    client = MlflowClient(f"sqlite:///{storage}/mlflow.db")
+    client.delete_experiment(client.create_experiment("smoke", artifact_location=str(storage / "mlartifacts")))
+    capsys.readouterr()  # MLflow's own log lines of making the store
+    line = refused(["--storage", str(storage)], capsys, "experiment 'smoke'")
+    assert "deleted" in line and "restore" in line, line
+
+
+# --- end to end: a quote in the storage path, a second storage, one MLflow store ---------------------
+@pytest.mark.slow
+def test_a_study_under_a_quoted_path_and_a_same_name_study_elsewhere_run_end_to_end(tmp_path):
+    spec = write_spec(tmp_path, **{"name": "quoted", "search": "none", "grid": {"task.params.train_length": [8]},
+                                   "base/optim/steps": 20, "base/optim/warmup_steps": 0,
+                                   "base/eval/every_steps": 10, "base/sparsity": None})
+    quoted, other = tmp_path / "o'neil" / "studies", tmp_path / "b"
+    db = quoted / "mlflow.db"
+    first = run(["--space", str(spec), "--storage", str(quoted)])  # the default store, under the quote
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    again = run(["--space", str(spec), "--storage", str(quoted), "--resume"])
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    second = run(["--space", str(spec), "--storage", str(other), "--mlflow-uri", f"sqlite:///{db}"])
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+
+    client, parents, children = mlflow_runs(db, "quoted")
+    assert len(parents) == 1 and parents[0].data.tags["study.location"] == str(quoted / "quoted")
+    assert [c.info.status for c in children] == ["FINISHED"]
+    for r in [*parents, *children]:
+        assert r.info.artifact_uri.startswith(str(quoted / "mlartifacts")), r.info.artifact_uri
+    assert client.list_artifacts(parents[0].info.run_id)  # results.csv and the rest
+    elsewhere = [e for e in client.search_experiments() if e.name != "quoted" and e.name.startswith("quoted")]
+    assert len(elsewhere) == 1, [e.name for e in client.search_experiments()]
+    runs = client.search_runs([elsewhere[0].experiment_id])
+    assert len(runs) == 2 and all(r.info.artifact_uri.startswith(str(other / "mlartifacts")) for r in runs)
+    assert elsewhere[0].name in second.stdout  # it says where it records
+
+    rep = subprocess.run([str(BIN / "python"), "-m", "study.report", "quoted", "--mlflow-uri", f"sqlite:///{db}",
+                          "--out", str(tmp_path / "rep")], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    assert str(other / "quoted") in rep.stdout and "2 studies of this name" in rep.stdout, rep.stdout
+    assert json.loads((other / "quoted" / "study.json").read_text())["location"] == str(other / "quoted")
+
+
+def test_resume_of_a_study_whose_experiment_was_deleted_is_refused(tmp_path, capsys, monkeypatch, no_study_starts):
+    from study import identity as ident
+    from study.spec import load_spec
+
+    monkeypatch.chdir(tmp_path)
+    storage = tmp_path / "studies"
+    first = tracker(tmp_path, str(storage / "smoke"), str(storage / "mlartifacts" / "smoke"),
+                    uri=f"sqlite:///{storage}/mlflow.db")
+    stored = ident.create(load_spec(SMOKE), str(storage / "smoke"))
+    (storage / "smoke" / "tune").mkdir()
+    first.client.set_tag(first.parent_id, "study.id", stored.id)  # the parent of the study in that folder
+    first.client.delete_experiment(first.experiment_id)
+    capsys.readouterr()
+    line = refused(["--storage", str(storage), "--resume"], capsys, "experiment 'smoke'")
+    assert "deleted" in line and "restore" in line, line
