@@ -15,9 +15,23 @@
 set -euo pipefail
 PROJECT=${1:?usage: $0 PROJECT_ID YOUR_IP/32}
 SSH_FROM=${2:?usage: $0 PROJECT_ID YOUR_IP/32}
-case "$SSH_FROM" in
-  0.0.0.0/0|::/0) echo "refusing SSH from the whole internet ($SSH_FROM): give your address /32" >&2; exit 2;;
-esac
+# Every source range must be a CIDR; a public one at most a /24 (IPv4) or a /48 (IPv6), a private one
+# (RFC 1918, fc00::/7) inside its block: `0.0.0.0/1,128.0.0.0/1` is the world too, and is refused.
+command -v python3 >/dev/null || { echo "error: python3 is needed to check the SSH source ranges" >&2; exit 2; }
+python3 - "$SSH_FROM" <<'CHECK' || exit 2
+import ipaddress, sys
+given = sys.argv[1]
+for text in given.split(","):
+    try:
+        net = ipaddress.ip_network(text.strip(), strict=True)
+    except ValueError as e:
+        sys.exit(f"error: SSH source range {text!r}: not a CIDR ({e}); give your address /32")
+    private = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")]
+    widest = 24 if net.version == 4 else 48
+    if not any(net.version == p.version and net.subnet_of(p) for p in private) and net.prefixlen < widest:
+        sys.exit(f"error: SSH source range {text} is too wide ({net.num_addresses} addresses; a public range "
+                 f"may be at most a /{widest}): refusing SSH from that much of the internet; give your address /32")
+CHECK
 
 NETWORK=lengthgen-ray
 SUBNET=lengthgen-ray-us-central1

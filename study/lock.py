@@ -1,11 +1,19 @@
-"""One driver per study: `<study>/driver.lock`, made only if absent, says who runs the study.
+"""One driver per study: `<study>/driver.lock` says who runs the study.
 
 Two drivers on one study would share its MLflow parent, write one Tune folder and delete each
-other's running child runs. The lock is created exclusively (a folder: O_EXCL; S3: a conditional
-put, `If-None-Match: *`; other buckets: look, then write, which narrows the race but cannot close
-it) and holds the holder's host, pid and process start time. A lock whose holder is gone (this host,
-no live process of that pid and start time) is stale, left by a killed driver, and is taken over;
-a lock of a live driver, or of another host, is refused with its holder.
+other's running child runs. Taking the lock, and taking over a killed driver's, is one atomic step:
+- a folder: the driver holds an exclusive `flock` on the file for as long as it runs. The kernel
+  releases it when the process ends however it ends, and grants it to one process only, so of two
+  `--resume`s started together after a kill exactly one wins; no pid or host name is consulted,
+  which containers sharing a host name (or a pid namespace of their own) would fool.
+- S3: the lock object is created with a conditional put (`If-None-Match: *`) and taken over with one
+  (`If-Match: <the stale lock's ETag>`): of two takeovers only the first put matches.
+- other buckets: look, then write, which narrows the race but cannot close it.
+The lock names its holder: host, pid, process start time, the kernel's boot id and the pid namespace.
+A holder is known dead only where this process can see it: the same boot and pid namespace (a
+folder's flock says so by itself on this kernel), and no process of that pid and start time. Any
+other holder (another machine or container, another boot, a lock without those fields) is taken to
+be alive and refused, naming the file to delete if that driver is gone for good.
 """
 
 from __future__ import annotations
@@ -26,70 +34,76 @@ class StudyLocked(RuntimeError):
     """Another driver runs this study; the message names it and the lock file."""
 
 
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _kernel() -> dict:
+    """What tells this kernel boot and this pid namespace from any other (None where unreadable)."""
+    try:
+        pid_ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pid_ns = None
+    return {"boot_id": _read_text("/proc/sys/kernel/random/boot_id"), "pid_ns": pid_ns}
+
+
 def _me() -> dict:
     import psutil
 
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time(),
+            **_kernel()}
+
+
+def _visible(holder: dict) -> bool:
+    """Whether the holder ran on this boot of this kernel, in this pid namespace: the only holder
+    whose process this one can look up."""
+    here = _kernel()
+    return None not in here.values() and all(holder.get(k) == v for k, v in here.items())
 
 
 def _alive(holder: dict) -> bool:
-    """Whether the holder may still run: always for another host (we cannot look there)."""
+    """Whether the holder may still run: always, unless it is visible from here and its process is gone."""
     import psutil
 
-    if holder.get("host") != socket.gethostname():
+    if not _visible(holder):
         return True
     try:
         return abs(psutil.Process(int(holder["pid"])).create_time() - float(holder["started"])) < 1
+    except psutil.NoSuchProcess:
+        return False
     except (psutil.Error, KeyError, ValueError, TypeError):
-        return False
+        return True  # cannot tell: conservative
 
 
-def _create(path: str, data: bytes) -> bool:
-    """Create `path` holding `data` unless it exists; True if created."""
-    if not store.is_uri(path):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return True
-    if path.startswith("s3://"):
-        import boto3
-        from botocore.exceptions import ClientError
+def _refusal(study_dir: str, path: str, holder: dict) -> StudyLocked:
+    who = f"pid {holder.get('pid')} on {holder.get('host')}" if holder else "an unknown driver"
+    return StudyLocked(f"study {study_dir} is being run by {who} ({path}); wait for it to end, or stop it; if that "
+                       "driver is gone for good, delete the lock file")
 
-        bucket, _, key = path[len("s3://"):].partition("/")
-        try:  # AWS_ENDPOINT_URL is honoured by boto3 itself (an S3-compatible server)
-            boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
-                return False
-            raise store.StorageError(f"{path}: {e}") from None
-        return True
-    if store.exists(path):
-        return False
-    store.write_atomic(path, data)
-    return True
+
+def _holder(raw: bytes | None) -> dict:
+    try:
+        holder = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 @contextmanager
 def driver_lock(study_dir: str) -> Iterator[None]:
     """Hold the study's lock while the block runs; StudyLocked if a live driver holds it."""
     path = store.join(study_dir, FILE)
+    if not store.is_uri(path):
+        with _folder_lock(study_dir, path):
+            yield
+        return
     me = _me()
     data = json.dumps(me).encode()
-    for _ in range(2):
-        if _create(path, data):
-            break
-        raw = store.read_bytes(path)
-        holder = json.loads(raw) if raw else {}
-        if holder and _alive(holder):
-            raise StudyLocked(
-                f"study {study_dir} is being run by pid {holder.get('pid')} on {holder.get('host')} ({path}); "
-                "wait for it to end, or stop it; if that driver is gone for good, delete the lock file")
-        _remove(path)  # stale: its driver was killed
-    else:
-        raise StudyLocked(f"study {study_dir}: could not take {path}; another driver took it meanwhile")
+    _take(study_dir, path, data)
     try:
         yield
     except store.StorageUnreachable as e:  # the study stopped for its storage: releasing would wait out the
@@ -101,11 +115,116 @@ def driver_lock(study_dir: str) -> Iterator[None]:
     _release(path, me)
 
 
+# --- a folder: flock ---------------------------------------------------------------------------
+@contextmanager
+def _folder_lock(study_dir: str, path: str) -> Iterator[None]:
+    import fcntl
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the processes it starts
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(_read_fd(fd))
+            os.close(fd)
+            raise _refusal(study_dir, path, holder) from None
+        try:  # the file locked must still be the one at `path`: an ending driver deletes its lock (while
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino  # holding it), and one opened before is no lock
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    holder = _holder(_read_fd(fd))
+    # the flock was free, so no process of this kernel holds the study; a holder elsewhere (another
+    # machine sharing the folder, where flock may not reach) cannot be ruled out
+    if holder and not _visible(holder):
+        os.close(fd)
+        raise _refusal(study_dir, path, holder)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        yield
+    finally:
+        try:
+            os.remove(path)  # while still locked: a driver that opens it meanwhile finds it gone and retries
+        finally:
+            os.close(fd)
+
+
+def _read_fd(fd: int) -> bytes:
+    return os.pread(fd, 1 << 16, 0)
+
+
+# --- a bucket: conditional puts ----------------------------------------------------------------
+def _take(study_dir: str, path: str, data: bytes) -> None:
+    for _ in range(3):
+        if _put(path, data, None):
+            return
+        raw, etag = _get(path)
+        if raw is None:
+            continue  # released meanwhile: create it again
+        holder = _holder(raw)
+        if _alive(holder):
+            raise _refusal(study_dir, path, holder)
+        if _put(path, data, etag):  # stale: replace exactly the object judged stale, or lose to whoever did
+            return
+    raise StudyLocked(f"study {study_dir}: could not take {path}; another driver took it meanwhile")
+
+
+def _s3(path: str):
+    import boto3
+
+    bucket, _, key = path[len("s3://"):].partition("/")
+    return boto3.client("s3"), bucket, key  # AWS_ENDPOINT_URL is honoured by boto3 (an S3-compatible server)
+
+
+LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey")
+
+
+def _put(path: str, data: bytes, etag: str | None) -> bool:
+    """Create the lock (`etag` None) or replace the object whose ETag is `etag`; False if it is not
+    there as expected (another driver was first)."""
+    if path.startswith("s3://"):
+        from botocore.exceptions import ClientError
+
+        client, bucket, key = _s3(path)
+        condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in LOST_RACE:
+                return False
+            raise store.StorageError(f"{path}: {e}") from None
+        return True
+    if etag is None and store.exists(path):
+        return False
+    store.write_atomic(path, data)
+    return True
+
+
+def _get(path: str) -> tuple[bytes | None, str | None]:
+    """The lock's bytes and (S3) ETag; (None, None) if there is none."""
+    if not path.startswith("s3://"):
+        return store.read_bytes(path), ""
+    from botocore.exceptions import ClientError
+
+    client, bucket, key = _s3(path)
+    try:
+        answer = client.get_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None, None
+        raise store.StorageError(f"{path}: {e}") from None
+    return answer["Body"].read(), answer["ETag"]
+
+
 def _release(path: str, me: dict) -> None:
     try:
-        raw = store.read_bytes(path)
-        if raw and json.loads(raw) == me:
-            _remove(path)
+        raw, etag = _get(path)
+        if raw and _holder(raw) == me:
+            _remove(path, etag)
     except OSError as e:  # the storage does not answer: the lock stays, stale once this process ends
         _left_in_place(path, e)
 
@@ -115,7 +234,17 @@ def _left_in_place(path: str, why: OSError) -> None:
           "this host takes it over", file=sys.stderr, flush=True)
 
 
-def _remove(path: str) -> None:
+def _remove(path: str, etag: str | None = None) -> None:
+    if etag and path.startswith("s3://"):  # only the object read as ours, not one a takeover put since
+        from botocore.exceptions import ClientError
+
+        client, bucket, key = _s3(path)
+        try:
+            client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") not in LOST_RACE:
+                raise store.StorageError(f"{path}: {e}") from None
+        return
     fs, inner = store.resolve(path)
     try:
         fs.delete_file(inner)

@@ -11,12 +11,24 @@ is what Ray Train's local mode (`num_workers=0`) would do, minus what it drops: 
 mode keeps only the last report (no intermediate metrics reach Tune, so ASHA could not stop a
 trial), persists no checkpoint, restores none, and destroys the process group when it returns.
 Reporting to Tune keeps intermediate metrics, checkpoints and Tune's own trial retries.
+
+Retries: Tune's alone (`resources.max_failures`), never Ray Train's inside them (N-worker trials run
+their TorchTrainer with no retries of its own: a failed worker group fails the Tune trial, whose retry
+starts the Train run of the same name again from its checkpoints), so a trial runs at most
+max_failures + 1 times, not (max_failures + 1)^2. A trial that diverged is not retried at all: from its
+last checkpoint it would diverge again, deterministically. Before raising `Diverged` it reports
+`diverged` (the reason; the objective NaN, which Tune's metric check needs and schedulers and searchers
+ignore), and `NoRetryOnDivergence`, a Tune callback of the driver, sets that trial's max_failures to 0:
+Tune reads it when it handles the error the report precedes, so the trial ends ERROR (FAILED in MLflow,
+with its reason) after one attempt.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 from typing import Iterator
+
+import math
 
 import ray.train
 import ray.tune
@@ -26,7 +38,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from analysis import ANALYSES
 from study import ray_compat
-from trial.loop import train_loop_per_worker
+from trial.loop import Diverged, train_loop_per_worker
 from trial.storage import join, patiently
 
 
@@ -78,6 +90,20 @@ def run_trial(config: dict) -> None:
     """Tune function trainable: run one trial's TorchTrainer to completion."""
     trial = config["trial"]  # the Tune config holds the full trial config under this key
     res = config["resources"]
+    try:
+        _run(trial, res)
+    except Exception as e:
+        diverged = _diverged(e)
+        if diverged is None:
+            raise
+        # a study started before `objective` was passed: its objective is unknown here; Tune's metric
+        # check needs it in every report, so that trial is retried as before
+        if res.get("objective"):
+            ray.tune.report({res["objective"]: math.nan, "diverged": str(diverged)})
+        raise diverged from None
+
+
+def _run(trial: dict, res: dict) -> None:
     workers = res["workers_per_trial"]
     if workers == 1:
         train_loop_per_worker(trial, _RaySession(ray.tune), ANALYSES)
@@ -98,11 +124,30 @@ def run_trial(config: dict) -> None:
             name=f"train-{context.get_trial_id()}",
             storage_path=join(res["storage"], "train"),  # a folder or a bucket URI
             callbacks=[TuneReportCallback()],
-            failure_config=FailureConfig(max_failures=res["max_failures"]),
+            failure_config=FailureConfig(max_failures=0),  # Tune's retries only (the module's docstring)
             checkpoint_config=CheckpointConfig(num_to_keep=2),  # see study/tuning.py
         ),
     )
     trainer.fit()
+
+
+def _diverged(error: BaseException) -> Diverged | None:
+    """The Diverged a trial failed with: raised here, or by a Ray Train worker (WorkerGroupError)."""
+    if isinstance(error, Diverged):
+        return error
+    for failure in getattr(error, "worker_failures", {}).values():
+        for candidate in (failure, getattr(failure, "cause", None)):
+            if isinstance(candidate, Diverged):
+                return Diverged(*candidate.args)
+    return None
+
+
+class NoRetryOnDivergence(ray.tune.Callback):
+    """A trial that reported `diverged` is not retried (its error follows that report)."""
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result.get("diverged"):
+            trial.max_failures = 0  # Trial's public attribute, read by Trial.should_recover()
 
 
 def trial_resources(resources: dict) -> dict:

@@ -327,6 +327,14 @@ def _checked_record(spec: StudySpec, study_dir: str, tracking_uri: str, stored) 
         raise Exit(EXIT_BAD_INPUT, f"error: mlflow: {e}") from None
     except (MlflowException, OSError):  # not answering now: the tracker waits for it (study/tracking.py)
         return None
+    except Exception as e:  # a SQLite store on a full disk raises neither: say so, as a study does
+        from trial import storage as store
+
+        full = store.disk_full(study_dir, e)
+        if not full:
+            raise
+        raise Exit(1, f"error: --storage: {full}. Study {spec.name!r} did not start. Free space, then run it again "
+                      "(with --resume if it had started before)") from None
 
 
 def _tracking_uri(args, storage: str, study_dir: str) -> str:

@@ -275,19 +275,49 @@ def mark_complete(controller, watch: StorageWatch) -> bool:
     return True
 
 
+class UnsafeSnapshot(ValueError):
+    """COMPLETE holds what no snapshot of ours writes (a file name that is not one of Tune's state
+    files, such as `../../x`); the message names the object and the field. Nothing was written."""
+
+
+def _checked_record(raw: bytes, where: str) -> tuple[str, dict[str, bytes]]:
+    """(session, {file name: bytes}) of COMPLETE, every name one of Tune's state files of that session:
+    the storage is not trusted with where a resume writes (a name with `/` or `..` would leave the folder)."""
+    try:
+        record = json.loads(raw)
+        session, files = record["session"], record["files"]
+        if not (isinstance(session, str) and isinstance(files, dict)):
+            raise TypeError("session or files of the wrong type")
+    except (ValueError, KeyError, TypeError) as e:
+        raise UnsafeSnapshot(f"{where}: not a snapshot record ({e})") from None
+    if not STATE_FILE.fullmatch(f"experiment_state-{session}.json"):  # fullmatch: `$` admits a final newline
+        raise UnsafeSnapshot(f"{where}: session {session[:100]!r} is not a Tune session time")
+    decoded = {}
+    for name, encoded in files.items():
+        match = STATE_FILE.fullmatch(name) if isinstance(name, str) else None
+        if match is None or match["session"] != session:
+            raise UnsafeSnapshot(f"{where}: files: {str(name)[:200]!r} is not a Tune state file of session {session}")
+        try:
+            decoded[name] = base64.b64decode(encoded, validate=True)
+        except (ValueError, TypeError):
+            raise UnsafeSnapshot(f"{where}: files: {name}: not base64") from None
+    return session, decoded
+
+
 def restore_complete_snapshot(tune_dir: str) -> list[str]:
     """Before a resume: make Tune's state files in `tune_dir` those of the last complete snapshot
     (COMPLETE): each one that differs is written back, and any of a later driver session is removed
     (a snapshot not known to be complete). Returns the files changed; none for a study whose
-    snapshots predate COMPLETE."""
+    snapshots predate COMPLETE. UnsafeSnapshot, before anything is written, if COMPLETE names a file
+    that is not one of Tune's state files."""
+    where = store.redact(store.join(tune_dir, COMPLETE))
     raw = store.read_bytes(store.join(tune_dir, COMPLETE))
     if raw is None:
         return []
-    record = json.loads(raw)
+    session, files = _checked_record(raw, where)
     changed = []
     try:
-        for name, encoded in record["files"].items():
-            data = base64.b64decode(encoded)
+        for name, data in files.items():
             path = store.join(tune_dir, name)
             if store.read_bytes(path) != data:
                 store.write_atomic(path, data)
@@ -295,7 +325,7 @@ def restore_complete_snapshot(tune_dir: str) -> list[str]:
         fs, inner = store.resolve(tune_dir)
         for info in fs.get_file_info(pafs.FileSelector(inner)):
             match = STATE_FILE.match(info.base_name)
-            if info.type == pafs.FileType.File and match and match["session"] > record["session"]:
+            if info.type == pafs.FileType.File and match and match["session"] > session:
                 fs.delete_file(info.path)
                 changed.append(info.base_name)
     except OSError as e:

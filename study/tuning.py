@@ -10,9 +10,9 @@ import time
 import pandas as pd
 
 from study import ray_compat
-from study.identity import StudyIdentity
+from study.identity import StudyIdentity, artifact_root
 from study.report import write_report
-from study.snapshots import BACKSTOP_PERIOD_S, restore_complete_snapshot, snapshots_on_events
+from study.snapshots import BACKSTOP_PERIOD_S, UnsafeSnapshot, restore_complete_snapshot, snapshots_on_events
 from study.spec import StudySpec
 from study.tracking import RECORDING_ERRORS, StudyTracker, error_reason
 from trial import storage as store
@@ -67,23 +67,21 @@ def run_study(
     from ray import tune
 
     from study.progress import ProgressPrinter
-    from study.ray_trial import run_trial, trial_resources
+    from study.ray_trial import NoRetryOnDivergence, run_trial, trial_resources
 
+    if resume:  # before Ray starts or MLflow is touched: a refused snapshot leaves everything as it was
+        _put_back_complete_snapshot(store.join(study_dir, "tune"))
     _tune_settings()
     start_ray(address)
     terminated = stop_like_ctrl_c_on_sigterm()
     ray_started = time.time()
-    resources = {**spec.resources.model_dump(), "storage": study_dir}
+    # the objective: a diverged trial's last report must carry it (study/ray_trial.py)
+    resources = {**spec.resources.model_dump(), "storage": study_dir, "objective": spec.objective.metric}
     trainable = tune.with_resources(run_trial, trial_resources(resources))
-    # a SQLite store keeps artifacts beside the studies (in the bucket, for a bucket storage); a
-    # tracking server decides for itself
-    artifact_location = (
-        store.join(os.path.dirname(study_dir), "mlartifacts", spec.name)
-        if tracking_uri.startswith("sqlite:") else None
-    )
+    artifact_location = artifact_root(study_dir, tracking_uri, spec.name)  # the one run.py checked
     tracker = StudyTracker(spec, tracking_uri, artifact_location, identity)
     progress = ProgressPrinter(spec, len(spec.cells()) * spec.trials_per_cell)
-    callbacks = (tracker, progress)
+    callbacks = (tracker, progress, NoRetryOnDivergence())
     try:
         if resume:
             tuner = _restored_tuner(spec, store.join(study_dir, "tune"), trainable, callbacks, max_concurrent, verbose)
@@ -170,14 +168,10 @@ def _new_tuner(spec: StudySpec, study_dir: str, trainable, resources: dict, call
 
 def _restored_tuner(spec: StudySpec, tune_dir: str, trainable, callbacks: tuple, max_concurrent: int | None,
                     verbose: bool):
-    """The study's Tuner from its last complete snapshot, with this run's callbacks and the
-    resumable changes of study/identity.py applied (nothing else)."""
+    """The study's Tuner from its last complete snapshot (put back by run_study), with this run's
+    callbacks and the resumable changes of study/identity.py applied (nothing else)."""
     from ray import tune
 
-    torn = restore_complete_snapshot(tune_dir)
-    if torn:  # a driver stopped half-way through uploading a snapshot (study/snapshots.py)
-        print(f"note: the last snapshot in storage was incomplete; resuming from the last complete "
-              f"one ({', '.join(torn)} put back)", flush=True)
     # a failed trial stays failed: it ran out of retries (resources.max_failures), and a
     # deterministic failure (Diverged) would fail again; rerun search trials could also change a
     # selection whose replicas already ran
@@ -194,6 +188,20 @@ def _restored_tuner(spec: StudySpec, tune_dir: str, trainable, callbacks: tuple,
             run_config.callbacks.append(c)
     run_config.verbose = 1 if verbose else 0
     return tuner
+
+
+def _put_back_complete_snapshot(tune_dir: str) -> None:
+    """restore_complete_snapshot; a record that names files it must not (the storage is not trusted
+    with paths) stops the study as bad input: exit 2, one line naming the object and the file."""
+    try:
+        torn = restore_complete_snapshot(tune_dir)
+    except UnsafeSnapshot as e:
+        print(f"error: --resume: {e}; nothing was written. Restore that object from a backup, or start a "
+              "new study", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if torn:  # a driver stopped half-way through uploading a snapshot (study/snapshots.py)
+        print(f"note: the last snapshot in storage was incomplete; resuming from the last complete "
+              f"one ({', '.join(torn)} put back)", flush=True)
 
 
 def _fit(tuner, tracker: StudyTracker):

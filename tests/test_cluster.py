@@ -44,7 +44,7 @@ pytestmark = pytest.mark.slow
 
 CLUSTER = ROOT / "cluster"
 LAUNCHER = {name: CLUSTER / f"{name}.yaml" for name in ("aws", "gcp", "local")}
-KUBERAY = {name: CLUSTER / "kuberay" / f"{name}.yaml" for name in ("raycluster", "rayjob")}
+KUBERAY = {name: CLUSTER / "kuberay" / f"{name}.yaml" for name in ("raycluster", "rayjob", "mlflow")}
 PRIVATE_PORTS = {6379, 8265, 10001, 5000}  # GCS, dashboard/job API, Ray client, MLflow
 WORLD = {"0.0.0.0/0", "::/0"}
 HEAD = "ray.head.default"
@@ -114,7 +114,7 @@ def test_no_private_port_is_open_to_the_world():
                 proto, _, ports = allowed.partition(":")
                 assert ports and not _ports({"ports": [ports]}) & PRIVATE_PORTS, f"{rule['name']} opens a private port"
 
-    for doc in yaml.safe_load_all(KUBERAY["raycluster"].read_text()):
+    for doc in (d for path in KUBERAY.values() for d in yaml.safe_load_all(path.read_text()) if d):
         for service in _walk(doc, "serviceType"):
             assert service in (None, "ClusterIP"), "expose nothing outside the Kubernetes cluster"
         if doc.get("kind") == "Service":
@@ -202,6 +202,26 @@ def test_gcp_nodes_live_in_the_network_whose_rules_are_applied(tmp_path):
     for world in WORLD:
         refused = gcp_network_commands("my-project", world, tmp_path)
         assert refused["returncode"] == 2 and not refused["firewall-rules"], refused
+
+
+def test_gcp_network_refuses_ssh_from_any_wide_or_malformed_range(tmp_path):
+    """Not only the literal 0.0.0.0/0: any list of source ranges holding a public range wider than a
+    /24 (IPv6: /48) is the internet, or much of it (0.0.0.0/1,128.0.0.0/1 is all of it), and a range
+    that is not a CIDR is a mistake; refused with exit 2 and a line naming the range, before any
+    gcloud call. Private ranges (RFC 1918, fc00::/7) and narrow public ones pass. (gcloud is faked:
+    the cloud API cannot be reached from here; the check itself is the script's own.)"""
+    refused = ["0.0.0.0/1,128.0.0.0/1", "203.0.113.10/32,0.0.0.0/1", "198.51.100.0/23", "1.0.0.0/8",
+               "2001:db8::/32", "0.0.0.0/8", "not-a-range", "203.0.113.10/32,", "10.0.0.1/8"]
+    for ranges in refused:
+        made = gcp_network_commands("my-project", ranges, tmp_path)
+        assert made["returncode"] == 2 and not made["networks"] and not made["firewall-rules"], (ranges, made)
+        line = made["stderr"].strip().splitlines()[-1]
+        assert line.startswith("error: SSH source range") and ("too wide" in line or "not a CIDR" in line), line
+    for ranges in ["203.0.113.10/32", "203.0.113.10", "198.51.100.0/24", "10.0.0.0/8", "192.168.1.0/24,203.0.113.10/32",
+                   "2001:db8:1::/48", "fd00::/8"]:
+        made = gcp_network_commands("my-project", ranges, tmp_path)
+        assert made["returncode"] == 0, (ranges, made["stderr"])
+        assert [r["source-ranges"] for r in made["firewall-rules"] if r.get("source-ranges")] == [ranges]
 
 
 def _walk(node, key):
@@ -347,10 +367,23 @@ def _selects(selector: dict | None, labels: dict) -> bool:
     return True
 
 
-def admitted(policies: list[dict], target: dict, source: dict, same_namespace: bool, port: int) -> bool:
-    """Whether NetworkPolicies admit a TCP connection from a pod with `source` labels to `port` of a pod
-    with `target` labels (Kubernetes semantics: a pod no Ingress policy selects admits everything)."""
+NAMESPACE = "lengthgen"  # where the manifests put the RayCluster, its RayJobs and MLflow
+OPERATOR_NAMESPACE = "kuberay-system"
+
+
+def namespace_labels(name: str) -> dict:
+    """The labels of a namespace a pod cannot choose: the API server sets kubernetes.io/metadata.name."""
+    return {"kubernetes.io/metadata.name": name}
+
+
+def admitted(policies: list[dict], target: dict, source: dict, source_ns: str, port: int,
+             target_ns: str = NAMESPACE) -> bool:
+    """Whether NetworkPolicies admit a TCP connection from a pod with `source` labels in namespace
+    `source_ns` to `port` of a pod with `target` labels in `target_ns` (Kubernetes semantics: a policy
+    applies in its own namespace; a pod no Ingress policy selects admits everything; a peer without a
+    namespaceSelector means the policy's namespace)."""
     selecting = [p for p in policies if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                 and p["metadata"].get("namespace", "default") == target_ns
                  and _selects(p["spec"]["podSelector"], target)]
     if not selecting:
         return True
@@ -365,7 +398,8 @@ def admitted(policies: list[dict], target: dict, source: dict, same_namespace: b
             for peer in peers:
                 if "ipBlock" in peer:
                     return True  # addresses: anything outside the pod network too
-                ns_ok = _selects(peer["namespaceSelector"], {}) if "namespaceSelector" in peer else same_namespace
+                ns_ok = (_selects(peer["namespaceSelector"], namespace_labels(source_ns)) if "namespaceSelector" in peer
+                         else source_ns == target_ns)
                 if ns_ok and _selects(peer.get("podSelector"), source):
                     return True
     return False
@@ -379,6 +413,7 @@ def test_kuberay_job_api_is_in_cluster_only_and_token_authenticated():
     rc = next(d for d in docs if d["kind"] == "RayCluster")
     job = next(d for d in docs if d["kind"] == "RayJob")
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    ray_policies = [p for p in policies if _selects(p["spec"]["podSelector"], ray_pod_labels(rc, "head"))]
     head = rc["spec"]["headGroupSpec"]
 
     # reachable through the head Service: the dashboard listens on the pod's address, port 8265
@@ -395,16 +430,20 @@ def test_kuberay_job_api_is_in_cluster_only_and_token_authenticated():
     head_pod = ray_pod_labels(rc, "head")
     worker = ray_pod_labels(rc, "worker")
     submitter = submitter_pod_labels(job)
+    assert rc["metadata"]["namespace"] == job["metadata"]["namespace"] == NAMESPACE
     for port in (6379, 8265, 10001):
-        assert admitted(policies, head_pod, worker, True, port), port  # the cluster itself
-        assert not admitted(policies, head_pod, {"app": "anything-else"}, True, port), port
-        assert not admitted(policies, head_pod, {"app": "anything-else"}, False, port), port
-    assert admitted(policies, head_pod, submitter, True, 8265)  # the RayJob submitter: the job API
-    assert admitted(policies, head_pod, OPERATOR_LABELS, False, 8265)  # the operator polls job status
+        assert admitted(policies, head_pod, worker, NAMESPACE, port), port  # the cluster itself
+        assert not admitted(policies, head_pod, {"app": "anything-else"}, NAMESPACE, port), port
+        assert not admitted(policies, head_pod, {"app": "anything-else"}, "other", port), port
+        # labels any pod can give itself: a Ray pod's, or the operator's, from another namespace
+        assert not admitted(policies, head_pod, worker, "other", port), port
+        assert not admitted(policies, head_pod, OPERATOR_LABELS, "other", port), port
+    assert admitted(policies, head_pod, submitter, NAMESPACE, 8265)  # the RayJob submitter: the job API
+    assert admitted(policies, head_pod, OPERATOR_LABELS, OPERATOR_NAMESPACE, 8265)  # the operator polls job status
     for port in (6379, 10001):
-        assert not admitted(policies, head_pod, submitter, True, port), port
-    assert not admitted(policies, head_pod, submitter, False, 8265), "a RayJob of another namespace"
-    for policy in policies:  # nothing outside the pod network, and the cluster's workers are covered
+        assert not admitted(policies, head_pod, submitter, NAMESPACE, port), port
+    assert not admitted(policies, head_pod, submitter, "other", 8265), "a RayJob of another namespace"
+    for policy in ray_policies:  # nothing outside the pod network, and the cluster's workers are covered
         assert _selects(policy["spec"]["podSelector"], worker)
         assert not any("ipBlock" in peer for rule in policy["spec"]["ingress"] for peer in rule.get("from", []))
 
@@ -420,6 +459,66 @@ def test_kuberay_job_api_is_in_cluster_only_and_token_authenticated():
         assert env["RAY_AUTH_MODE"]["value"] == "token", container["name"]
         ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
         assert (ref["name"], ref["key"]) == (auth["secretName"], "auth_token"), container["name"]
+
+
+def pod_templates(doc: dict) -> list[tuple[dict, dict]]:
+    """(pod labels, pod spec) of every pod a manifest makes (KubeRay's labels for a RayCluster's pods)."""
+    if doc["kind"] == "RayCluster":
+        groups = [("head", doc["spec"]["headGroupSpec"])] + [("worker", g) for g in doc["spec"]["workerGroupSpecs"]]
+        return [(ray_pod_labels(doc, kind), {**g["template"]["spec"], "rayStartParams": g["rayStartParams"]})
+                for kind, g in groups]
+    if doc["kind"] == "RayJob":
+        return [(submitter_pod_labels(doc), doc["spec"]["submitterPodTemplate"]["spec"])]
+    if doc["kind"] == "Deployment":
+        return [(doc["spec"]["template"]["metadata"]["labels"], doc["spec"]["template"]["spec"])]
+    return []
+
+
+def test_kuberay_policies_key_on_what_a_pod_cannot_claim_and_guard_mlflow():
+    """Every NetworkPolicy peer that names pods by label also names their namespace by
+    kubernetes.io/metadata.name (which the API server sets and no pod can), in the same `from` entry;
+    the MLflow server (no auth of its own; it deletes runs and proxies the bucket) admits the
+    RayCluster's pods only; nothing listens on 0.0.0.0 without a policy guarding its pod."""
+    docs = [d for path in KUBERAY.values() for d in yaml.safe_load_all(path.read_text()) if d]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    for policy in policies:
+        for rule in policy["spec"]["ingress"]:
+            assert rule.get("from"), f"{policy['metadata']['name']}: a rule without `from` admits every pod"
+            for peer in rule["from"]:
+                names = peer.get("namespaceSelector", {}).get("matchLabels", {})
+                assert "podSelector" not in peer or names.get("kubernetes.io/metadata.name"), \
+                    f"{policy['metadata']['name']}: {peer} admits pods by labels they can set on themselves"
+
+    for doc in docs:  # whatever listens on every address of its pod has a policy selecting that pod
+        for labels, spec in pod_templates(doc):
+            listens = json.dumps([spec.get("rayStartParams", {}), [c.get("command") for c in spec["containers"]],
+                                  [c.get("args") for c in spec["containers"]]])
+            if "0.0.0.0" in listens:
+                namespace = doc["metadata"].get("namespace", "default")
+                assert any(p["metadata"].get("namespace", "default") == namespace
+                           and _selects(p["spec"]["podSelector"], labels) for p in policies), \
+                    f"{doc['kind']} {doc['metadata']['name']} listens on 0.0.0.0 with no NetworkPolicy"
+
+    # MLflow: a Deployment runs the server the RayJob records to, and only the RayCluster reaches it
+    rc = next(d for d in docs if d["kind"] == "RayCluster")
+    job = next(d for d in docs if d["kind"] == "RayJob")
+    server = next(d for d in docs if d["kind"] == "Deployment" and "mlflow server" in json.dumps(d))
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "mlflow")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert _selects({"matchLabels": service["spec"]["selector"]}, server["spec"]["template"]["metadata"]["labels"])
+    uri = f"http://{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local:5000"
+    assert f"--mlflow-uri {uri}" in job["spec"]["entrypoint"]
+    mlflow_pod = server["spec"]["template"]["metadata"]["labels"]
+    for kind in ("head", "worker"):
+        assert admitted(policies, mlflow_pod, ray_pod_labels(rc, kind), NAMESPACE, 5000), kind
+    for source, namespace in (({"app": "anything-else"}, NAMESPACE), (ray_pod_labels(rc, "head"), "other"),
+                              (submitter_pod_labels(job), NAMESPACE), (OPERATOR_LABELS, OPERATOR_NAMESPACE)):
+        assert not admitted(policies, mlflow_pod, source, namespace, 5000), (source, namespace)
+    # no manifest's comment recommends a server on 0.0.0.0 that no manifest guards
+    for path in KUBERAY.values():
+        for line in path.read_text().splitlines():
+            if "mlflow server" in line and "0.0.0.0" in line:
+                assert path == KUBERAY["mlflow"], f"{path}: {line.strip()}"
 
 
 def _check_group(group: dict, head: bool) -> int:

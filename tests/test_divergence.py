@@ -1,7 +1,12 @@
 """A trial whose loss becomes NaN or infinite stops at that step with the step and value, is FAILED
-in Tune and MLflow with that reason, and its study goes on and then exits non-zero listing it."""
+in Tune and MLflow with that reason, is not retried (it would diverge again from its last checkpoint,
+whatever resources.max_failures says; nor do Ray Train's retries nest inside Tune's), and its study
+goes on and then exits non-zero listing it."""
 
 from __future__ import annotations
+
+import glob
+import json
 
 import pandas as pd
 import pytest
@@ -19,12 +24,20 @@ def test_a_diverging_loss_stops_the_trial_at_that_step():
     assert 1 <= step < 8 and len(rec.reports) < 2  # at that step, not at the end
 
 
+def tune_failures(study_dir) -> list[int]:
+    """How many times Tune saw each trial fail (its experiment state, as a resume reads it)."""
+    state = json.loads(open(sorted(glob.glob(f"{study_dir}/tune/experiment_state-*.json"))[-1]).read())
+    return sorted(json.loads(metadata)["num_failures"] for _, metadata in state["trial_data"])
+
+
 @pytest.mark.slow
-def test_a_study_with_a_diverging_trial_goes_on_and_exits_non_zero(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_study_with_a_diverging_trial_goes_on_and_exits_non_zero(tmp_path, workers):
     spec = write_spec(tmp_path, **{
         "name": "diverging", "search": "none", "grid": {"optim.lr": [0.003, 1e30]},
         "task/params/train_length": 8, "base/optim/steps": 20, "base/optim/warmup_steps": 0,
-        "base/eval/every_steps": 10, "resources/max_failures": 0,
+        "base/eval/every_steps": 10, "resources/max_failures": 2, "resources/workers_per_trial": workers,
+        "resources/max_concurrent_trials": 1,
     })
     storage = tmp_path / "studies"
     out = run(["--space", str(spec), "--storage", str(storage)])
@@ -37,6 +50,7 @@ def test_a_study_with_a_diverging_trial_goes_on_and_exits_non_zero(tmp_path):
     assert set(done["optim.lr"]) == {0.003} and done.length.notna().all()  # the healthy cell ran to the end
     bad = results[results.status == "ERROR"]  # the failed trial is accounted for: one row, no test grid
     assert len(bad) == 1 and bad["optim.lr"].iloc[0] == 1e30 and bad.length.isna().all()
+    assert tune_failures(storage / "diverging") == [0, 1]  # failed once, not retried (max_failures 2)
 
     _, parents, children = mlflow_runs(storage / "mlflow.db", "diverging")
     assert parents[0].info.status == "FAILED"
