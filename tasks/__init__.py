@@ -11,9 +11,12 @@ from .addition import AdditionTask
 from .base import Batch, Task, TaskParamError, Vocab
 from .copy_task import CopyTask
 from .lm import LMTask
+from .multiplication import MultiplicationTask
 from .parity import ParityTask
 from .parity_scratchpad import ParityScratchpadTask
+from .sort import SortTask
 from .sparse_parity import SparseParityTask
+from .strings import DuplicateTask, ReverseTask
 from .variable_assignment import VariableAssignmentTask
 
 TASKS: dict[str, type[Task]] = {
@@ -25,6 +28,10 @@ TASKS: dict[str, type[Task]] = {
         VariableAssignmentTask,
         CopyTask,
         AdditionTask,
+        MultiplicationTask,
+        ReverseTask,
+        DuplicateTask,
+        SortTask,
         LMTask,
     )
 }

@@ -310,7 +310,7 @@ def dependency_offsets(task: Task, length: int, k: int | None, samples: int = 64
 
 
 LOCAL = [("addition", {}), ("parity", {}), ("copy", {}), ("parity_scratchpad", {"train_k": 4}),
-         ("variable_assignment", {"train_k": 3})]
+         ("variable_assignment", {"train_k": 3}), ("reverse", {}), ("duplicate", {})]
 
 
 @pytest.mark.parametrize("name,params", LOCAL)
@@ -325,11 +325,12 @@ def test_local_couplings_read_at_fixed_offsets_at_any_length(name, params):
         assert dependency_offsets(task, length, k) <= trained, (name, length)
     assert max(abs(o) for o in trained) <= 2
     expected = {"addition": {0, 1}, "parity": {0}, "copy": {1}, "parity_scratchpad": {0},
-                "variable_assignment": {0, 2}}[name]
+                "variable_assignment": {0, 2}, "reverse": {-1}, "duplicate": {1}}[name]
     assert trained == expected
 
 
-@pytest.mark.parametrize("name,params", [("sparse_parity", {}), ("variable_assignment", {"scratchpad": False})])
+@pytest.mark.parametrize("name,params", [("sparse_parity", {}), ("variable_assignment", {"scratchpad": False}),
+                                         ("multiplication", {})])
 def test_nonlocal_couplings_are_declared_and_grow_with_length(name, params):
     task = get_task(name, train_length=6, train_k=3, **params)
     assert not task.local_coupling
@@ -373,6 +374,27 @@ def next_token(name: str, prefix: list[str]) -> str:
         carry = j > 0 and int(a[j - 1]) + int(b[j - 1]) > int(prefix[-1])
         digit = lambda x: int(x[j]) if j < len(x) else 0  # noqa: E731
         return str((digit(a) + digit(b) + carry) % 10)
+    if name == "reverse":  # x_0 .. x_{n-1} = x_{n-1} .. x_0 <eos>
+        i = t - eq - 1
+        return prefix[eq - 1 - i] if i < eq else "<eos>"
+    if name == "duplicate":  # x_0 .. x_{n-1} = x_0 .. x_{n-1} x_0 .. x_{n-1} <eos> (no separator)
+        i = t - eq - 1
+        return prefix[i % eq] if i < 2 * eq else "<eos>"
+    if name == "sort":  # x_0 .. x_{n-1} = the i-th smallest x at output i <eos>
+        i = t - eq - 1
+        return sorted(prefix[:eq], key=int)[i] if i < eq else "<eos>"
+    if name == "multiplication":  # a * b = c_0 .. c_{N+M-1} <eos>, the product least significant first
+        star = prefix.index("*")
+        a, b = [int(x) for x in prefix[:star][::-1]], [int(x) for x in prefix[star + 1:eq][::-1]]
+        c = [int(x) for x in prefix[eq + 1:]]  # c[j]: the product digit of 10^j written so far
+        j = len(c)
+        if j == len(a) + len(b):
+            return "<eos>"
+        w = len(str(9 * len(b) - 1))  # digits of the largest carry (below the sum of b's digits)
+        part = lambda p: sum(a[p - i] * b[i] for i in range(len(b)) if 0 <= p - i < len(a))
+        # the w digits written below place j and their partial products fix the carry into it
+        low = sum(10 ** (w - l) * (part(j - l) - (c[j - l] if j >= l else 0)) for l in range(1, w + 1))
+        return str((part(j) - (-low // 10**w)) % 10)
     raise AssertionError(f"no reference for {name}")
 
 
@@ -380,7 +402,8 @@ def next_token(name: str, prefix: list[str]) -> str:
 # dependency of addition changes it only where it decides the carry)
 DEPS_CASES = [("sparse_parity", {}, 12, True), ("parity_scratchpad", {"train_k": 4}, 12, True),
               ("parity", {}, 8, True), ("copy", {}, 8, True), ("addition", {}, 5, False),
-              ("addition", {"bos": True}, 4, False)]
+              ("addition", {"bos": True}, 4, False), ("reverse", {}, 8, True), ("duplicate", {}, 6, True),
+              ("sort", {}, 5, False), ("multiplication", {}, 5, False)]
 # variable_assignment's deps say where each step's value is read (the `y` of `x = y ;`); which
 # statement that is comes from a content lookup (every `x`, and the predicting token itself) that
 # they leave to the position head by design (tasks/variable_assignment.py), so a single-token

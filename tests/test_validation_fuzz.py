@@ -27,13 +27,14 @@ from study import run as run_cli
 from study import train as train_cli
 from study.spec import _flatten  # dotted path -> value of every leaf, as the spec flattens grids
 from tasks import __main__ as tasks_cli
+from tasks import TASKS
 from trial.config import load_trial_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = sorted((ROOT / "search_spaces").glob("*.yaml"))
 TRIALS = sorted((ROOT / "search_spaces" / "trials").glob("*.yaml"))
 INF, NAN = float("inf"), float("nan")
-NO_K_TASKS = {"copy", "addition", "parity", "lm"}
+NO_K_TASKS = {name for name, cls in TASKS.items() if not cls.uses_k}
 
 
 @dataclass
