@@ -145,6 +145,37 @@ def trajectory(series, every: int = 1) -> str:
     return "\n".join(out)
 
 
+def plot_trajectory(series, path: str) -> str:
+    """The tracked series against training steps, a column per tracked length: exact match above,
+    the attention margin (trained-distance keys over untrained ones) below; a line per cell, mean
+    over seeds with the seeds' range shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    frame = pd.DataFrame(series)
+    lengths = sorted({int(c.split("/")[1][3:]) for c in frame.columns if c.startswith("track/len")})
+    fig, axes = plt.subplots(2, len(lengths), figsize=(4.5 * len(lengths), 6), squeeze=False, sharex=True)
+    for i, n in enumerate(lengths):
+        for row, (metric, label) in enumerate((("exact", f"exact match at {n}"), ("margin", f"margin at {n}"))):
+            ax, column = axes[row][i], f"track/len{n}/{metric}"
+            for cell, group in frame.groupby("cell", sort=False):
+                stats = group.groupby("step")[column].agg(["mean", "min", "max"])
+                line, = ax.plot(stats.index, stats["mean"], label=cell if len(cell) < 60 else cell[-60:])
+                ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.15)
+            ax.set_ylabel(label)
+            if metric == "margin":
+                ax.axhline(0, color="grey", lw=0.8, ls=":")
+                ax.set_xlabel("training step")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None) -> tuple[list[dict], int]:
     from study.spec import load_spec
     from trial.config import PositionalSpec, TrialConfig
@@ -242,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
     parser.add_argument("--json", help="write every row here")
     parser.add_argument("--markdown", action="store_true", help="print each spec's table for the README")
+    parser.add_argument("--figure", help="with eval.track in the specs: plot the tracked series here (PNG)")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
 
@@ -294,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series,
                                                "failures": failures}, indent=1))
+    if args.figure and series:
+        print(f"tracked series: {plot_trajectory(series, args.figure)}")
     for failure in failures:
         print(f"claim failed: {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -157,3 +157,15 @@ def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
     selected = pd.DataFrame([{"cell": cell, "trial_id": "t0"}])
     summary = summarize_seeds(spec, results, selected).set_index(["length", "checkpoint"])
     assert summary.loc[(16, "best"), "runs_solved"] == 0.5 and summary.loc[(16, "last"), "runs_solved"] == 0.0
+
+
+def test_the_tracked_series_plot_has_a_panel_per_length_and_metric(tmp_path):
+    from benchmarks.coupling import plot_trajectory, trajectory
+
+    series = [{"spec": "s", "cell": cell, "seed": seed, "step": step, "track/len16/exact": step / 1000,
+               "track/len16/margin": -1 + step / 1000, "track/len24/exact": 0.0, "track/len24/margin": -2.0}
+              for cell in ("a", "b") for seed in (0, 1) for step in (250, 500)]
+    plot_trajectory(series, str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").stat().st_size > 10_000
+    table = trajectory(series)
+    assert "track/len24/margin" in table and "500" in table
