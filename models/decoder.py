@@ -1,13 +1,11 @@
 """A small pre-norm decoder-only transformer that always takes explicit position ids.
 
-The positional *encoding* (how an id enters the model) lives here; *which* id each token gets is
-decided outside (models/positions.py), so every scheme of the study is encoding x ids.
-
-- nope:    no positional signal; causal masking alone.
-- learned: an absolute embedding table of `max_position` rows added to the token embedding.
-- rope:    rotary embedding of queries and keys by their ids (depends only on id differences).
-- alibi:   a per-head linear penalty -slope * |id_q - id_k| on attention logits (ids, not indices,
-           so coupled ids work; the absolute value because coupled ids need not be monotone).
+The positional *encoding* (how an id enters the model) is an object of the registry
+models/encodings (nope, learned, rope, alibi, fire, t5_bias, one module each): the model asks it for
+an input embedding, a rotation of queries and keys and a score bias, and compares no names. *Which*
+id each token gets is decided outside (models/positions.py), so every scheme is encoding x ids.
+`abacus` adds a learned embedding of each digit's place in its number (the task says which token is
+which digit: forward's `digit_places`), on top of any encoding.
 
 Predictive Position Coupling (PPC) adds a position head that predicts the id of the *next* token:
 - absolute: a class per id (0..max_position-1);
@@ -38,7 +36,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.positions import Encoding
+from models.encodings import ENCODINGS, Abacus, PositionalEncoding
+from models.encodings.alibi import alibi_slopes  # noqa: F401  (importable from here, as before)
+from models.encodings.rope import apply_rope, rope_cos_sin  # noqa: F401
+from models.positions import Encoding, GenerationIds
 
 PositionTarget = Literal["absolute", "delta", "pointer", "pointer_softmax"]
 
@@ -73,6 +74,7 @@ class ModelConfig:
     norm_position: Literal["pre", "pre_post"] = "pre"  # pre_post: also normalise after each residual add
     ffn: Literal["gelu", "gated_gelu"] = "gelu"
     tie_embeddings: bool = False  # readout = token table, its input scaled by d_model^-1/2 (T5)
+    abacus: bool = False  # add the Abacus embedding of each digit's place (forward's digit_places)
 
     @property
     def d_head(self) -> int:
@@ -84,27 +86,10 @@ class ModelConfig:
         return self.max_position if self.position_target == "absolute" else 2 * self.max_position - 1
 
 
-# A per-layer cache of (keys, values, key position ids); keys are stored already rotated for rope.
+# A per-layer cache of (keys, values, key position ids); keys are stored already rotated for rope,
+# and the key ids let a score bias (alibi, fire, t5_bias) see the cached keys' ids.
 # With a pointer head one more entry follows the layers': (pointer keys, unused, key ids).
 KVCache = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-
-
-def rope_cos_sin(position_ids: torch.Tensor, d: int, base: float, dtype: torch.dtype):
-    """cos and sin [B, 1, T, D/2] of the angles position_id * base^(-2i/D) (once per forward)."""
-    inv_freq = base ** (-torch.arange(0, d, 2, device=position_ids.device, dtype=torch.float32) / d)
-    angles = position_ids[:, None, :, None].float() * inv_freq
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the channel pairs (2i, 2i+1) of x [B, H, T, D] by the angles of `rope_cos_sin`."""
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-
-
-def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """Geometric slopes 2^(-8h/H) of Press et al. (2022)."""
-    return torch.tensor([2.0 ** (-8.0 * (h + 1) / n_heads) for h in range(n_heads)])
 
 
 class Attention(nn.Module):
@@ -130,7 +115,7 @@ class Attention(nn.Module):
         cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """rope: this call's (cos, sin); key_ids: the ids of every key, cached ones first; bias: the
-        additive attention bias (mask, id window, ALiBi), the same for every layer."""
+        additive attention bias (mask, id window, the encoding's score bias), the same for every layer."""
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         if rope is not None:
@@ -287,7 +272,10 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.max_position, cfg.d_model) if cfg.encoding == "learned" else None
+        # the encoding, registered as `pos_emb` (learned's table is `pos_emb.weight`, as in old
+        # checkpoints) and second, so the draws of the encodings that were there before stay where they were
+        self.pos_emb = ENCODINGS[cfg.encoding](cfg)
+        self.abacus = Abacus(cfg.max_position, cfg.d_model) if cfg.abacus else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = make_norm(cfg)
@@ -299,21 +287,22 @@ class DecoderLM(nn.Module):
             self.pos_head = (PointerHead(cfg.d_model, scan=cfg.position_target == "pointer")
                              if cfg.position_target in ("pointer", "pointer_softmax")
                              else nn.Linear(cfg.d_model, cfg.n_position_classes))
-        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
         self.apply(self._init_weights)
         # rescaled after the common N(0, 0.02) draw: the same random stream for every setting
         with torch.no_grad():
             if cfg.tok_init_std != 0.02:
                 self.tok_emb.weight.mul_(cfg.tok_init_std / 0.02)
-            if self.pos_emb is not None and cfg.pos_init_std != 0.02:
-                self.pos_emb.weight.mul_(cfg.pos_init_std / 0.02)
+            self.pos_emb.after_init(cfg)
             if cfg.init == "t5":  # more draws after the common ones: the default stream is unchanged
                 for block in self.blocks:
                     block.init_t5()
                 if not cfg.tie_embeddings:  # logits of std ~1, as the tied and scaled readout gives
                     nn.init.normal_(self.lm_head.weight, std=cfg.d_model**-0.5)
-        if self.pos_emb is not None and cfg.pos_frozen:
-            self.pos_emb.weight.requires_grad_(False)
+
+    @property
+    def encoding(self):
+        """The positional encoding object (models/encodings)."""
+        return self.pos_emb
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -321,6 +310,8 @@ class DecoderLM(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        elif isinstance(module, PositionalEncoding):  # its own parameters, at its turn
+            module.init_weights()
 
     def forward(
         self,
@@ -328,6 +319,7 @@ class DecoderLM(nn.Module):
         position_ids: torch.Tensor,
         visible: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        digit_places: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
         """Logits [B, T, V], position logits (PPC only) and the updated KV cache.
 
@@ -336,26 +328,29 @@ class DecoderLM(nn.Module):
 
         visible: optional bool [B, Tq, Tk] (True = may attend), combined with causal masking; Tk
         counts cached keys too. It lets an analysis hide chosen context tokens from chosen queries.
+
+        digit_places: int [B, T] (abacus only), each token's place in its number (0: not a digit).
         """
         B, T = tokens.shape
-        if self.pos_emb is not None and int(position_ids.max()) >= self.cfg.max_position:
-            raise ValueError(
-                f"position id {int(position_ids.max())} is beyond max_position {self.cfg.max_position}"
-            )
+        enc = self.pos_emb
+        enc.check_ids(position_ids)
         past = 0 if cache is None else cache[0][0].shape[2]
         x = self.tok_emb(tokens)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(position_ids)
+        added = enc.input_embedding(position_ids)
+        if added is not None:
+            x = x + added
+        if self.abacus is not None:
+            if digit_places is None:
+                raise ValueError("abacus: the model needs digit_places (the task's Task.digit_places)")
+            x = x + self.abacus(digit_places)
         x = self.drop(x)
         # Plain causal attention takes SDPA's fused is_causal path; anything else an additive mask.
-        causal = visible is None and past == 0 and self.cfg.encoding != "alibi" and self.cfg.id_window is None
+        causal = visible is None and past == 0 and not enc.adds_score_bias and self.cfg.id_window is None
         mask = None if causal else self._attention_mask(B, T, past, visible, x.device, x.dtype)
         # what depends on the ids only is computed once here, not once per layer
         key_ids = position_ids if cache is None else torch.cat([cache[0][2], position_ids], dim=1)
         bias = self._id_bias(position_ids, key_ids, mask, x.dtype)
-        rope = None
-        if self.cfg.encoding == "rope":
-            rope = rope_cos_sin(position_ids, self.cfg.d_head, self.cfg.rope_base, x.dtype)
+        rope = enc.rotary(position_ids, self.cfg.d_head, x.dtype)
         new_cache: KVCache = []
         for i, block in enumerate(self.blocks):
             x, layer_cache = block(x, rope, key_ids, bias, causal, None if cache is None else cache[i])
@@ -376,7 +371,7 @@ class DecoderLM(nn.Module):
         return self.lm_head(x), pos_logits, new_cache
 
     def _id_bias(self, position_ids, key_ids, mask, dtype) -> torch.Tensor | None:
-        """mask + the id window's -inf (its heads) + ALiBi's -slope * |id_q - id_k|: [B, H|1, Tq, Tk]."""
+        """mask + the id window's -inf (its heads) + the encoding's score bias: [B, H|1, Tq, Tk]."""
         bias = mask
         if self.cfg.id_window is not None:
             far = (position_ids[:, :, None] - key_ids[:, None, :]).abs() > self.cfg.id_window  # [B,Tq,Tk]
@@ -386,10 +381,9 @@ class DecoderLM(nn.Module):
             window = torch.zeros(far.shape[0], H, *far.shape[1:], dtype=dtype, device=far.device)
             window = window.masked_fill(far[:, None] & local[None, :, None, None], float("-inf"))
             bias = window if bias is None else bias + window
-        if self.cfg.encoding == "alibi":
-            dist = (position_ids[:, :, None] - key_ids[:, None, :]).abs().to(dtype)  # [B, Tq, Tk]
-            alibi = -self.slopes.to(dtype)[None, :, None, None] * dist[:, None]
-            bias = alibi if bias is None else bias + alibi
+        score = self.pos_emb.score_bias(position_ids, key_ids, dtype)
+        if score is not None:
+            bias = score if bias is None else bias + score
         return bias
 
     @staticmethod
@@ -458,33 +452,41 @@ def generate(
     prompt: torch.Tensor,
     prompt_ids: torch.Tensor,
     max_new_tokens: int,
-    ids: Literal["sequential", "coupled", "predicted"],
+    ids: GenerationIds,
     oracle_ids: torch.Tensor | None = None,
     use_cache: bool = True,
+    digit_places: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Batched greedy decoding. Returns (new tokens [B, G], the ids they were fed with [B, G]).
 
     The id of each generated token: `sequential` continues from the last prompt id, `coupled` takes
-    the task's oracle id (oracle_ids [B, G]), `predicted` takes the position head's argmax at the
-    previous step (PPC). All prompts in the batch have the same length (one evaluation cell).
+    the task's oracle id (oracle_ids [B, G]), `randomized` the scheme's drawn ids (oracle_ids: the
+    sorted sample's tail, PositionalScheme.inference_ids[:, P:]), `predicted` takes the position
+    head's argmax at the previous step (PPC). All prompts in the batch have the same length (one
+    evaluation cell). digit_places [B, P + G] (abacus): the task's places of the whole sequence.
     """
-    if ids == "coupled" and oracle_ids is None:
-        raise ValueError("ids='coupled' needs oracle_ids")
+    if ids in ("coupled", "randomized") and oracle_ids is None:
+        raise ValueError(f"ids={ids!r} needs oracle_ids")
     if ids == "predicted" and model.pos_head is None:
         raise ValueError("ids='predicted' needs a model with a position head")
     tokens, pos = prompt, prompt_ids
-    logits, pos_logits, cache = model(tokens, pos)
+    P = prompt.shape[1]
+
+    def places(start: int, stop: int) -> torch.Tensor | None:  # the digit places of tokens [start, stop)
+        return None if digit_places is None else digit_places[:, start:stop]
+
+    logits, pos_logits, cache = model(tokens, pos, digit_places=places(0, P))
     key_ids = prompt_ids  # the ids of every token so far (the pointer head's keys)
     out_tokens, out_ids = [], []
     for step in range(max_new_tokens):
         next_tok = logits[:, -1].argmax(-1)
         if ids == "sequential":
             next_id = pos[:, -1] + 1
-        elif ids == "coupled":
+        elif ids in ("coupled", "randomized"):
             next_id = oracle_ids[:, step]
         else:
             next_id = model.decode_position(pos_logits[:, -1], pos[:, -1], key_ids)
-        if model.pos_emb is not None:
+        if model.encoding.bounded_ids:
             next_id = next_id.clamp(max=model.cfg.max_position - 1)
         out_tokens.append(next_tok)
         out_ids.append(next_id)
@@ -492,10 +494,12 @@ def generate(
         if step == max_new_tokens - 1:
             break
         if use_cache:
-            logits, pos_logits, cache = model(next_tok[:, None], next_id[:, None], cache=cache)
+            at = P + step
+            logits, pos_logits, cache = model(next_tok[:, None], next_id[:, None], cache=cache,
+                                              digit_places=places(at, at + 1))
             pos = next_id[:, None]
         else:
             tokens = torch.cat([tokens, next_tok[:, None]], dim=1)
             pos = torch.cat([pos, next_id[:, None]], dim=1)
-            logits, pos_logits, _ = model(tokens, pos)
+            logits, pos_logits, _ = model(tokens, pos, digit_places=places(0, tokens.shape[1]))
     return torch.stack(out_tokens, 1), torch.stack(out_ids, 1)

@@ -9,10 +9,17 @@ Tasks supply coupled ids; a scheme decides what the model sees in training and a
 | pose         | 0..T-1 cut into chunks with random skips (PoSE) | 0..T-1 / continue               |
 | coupled      | the task's ids (plus a random offset if shift)  | task's ids / task's (oracle)    |
 | predicted    | as coupled; the model also learns the next id   | task's ids / its own prediction |
+| randomized   | a sorted random sample of [0, max_position)     | the same, drawn afresh / its tail |
 
 Offsets and skips keep every id below `max_position`, so ids up to the longest test length are
 trained even though training sequences are short (random shift as in position coupling, PoSE as in
-Zhu et al. 2024).
+Zhu et al. 2024). Randomized positions are Ruoss et al. 2023's (google-deepmind/
+randomized_positional_encodings): the T positions of a sequence are T distinct ids drawn from
+[0, max_position) and sorted, in training *and at test*, as the reference does (its encodings draw
+from the rng whatever the mode, and its range evaluation passes a fresh key each batch); generated
+tokens take the tail of the sample drawn for the whole sequence.
+
+The encoding half is models/encodings (one module per encoding, registered by name).
 """
 
 from __future__ import annotations
@@ -22,11 +29,16 @@ from typing import Literal, get_args
 
 import numpy as np
 
-Encoding = Literal["nope", "learned", "rope", "alibi"]
-ENCODINGS: tuple[str, ...] = get_args(Encoding)
-IdScheme = Literal["sequential", "random_shift", "pose", "coupled", "predicted"]
+from models.encodings import ENCODINGS as REGISTRY
+
+# the registry's names, as the schema's choices (a Literal over a tuple lists each name)
+Encoding = Literal[tuple(REGISTRY)]  # type: ignore[valid-type]
+ENCODINGS: tuple[str, ...] = tuple(REGISTRY)
+IdScheme = Literal["sequential", "random_shift", "pose", "coupled", "predicted", "randomized"]
 ID_SCHEMES: tuple[str, ...] = get_args(IdScheme)
-GenerationIds = Literal["sequential", "coupled", "predicted"]
+GenerationIds = Literal["sequential", "coupled", "predicted", "randomized"]
+# the seed of inference ids drawn without a generator (validation): the same ids each time
+INFERENCE_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,7 @@ class PositionalScheme:
     max_position: int = 128
     shift: bool = True
     pose_chunks: int = 2
+    abacus: bool = False  # the model also takes each digit's place (Task.digit_places)
 
     @property
     def label(self) -> str:
@@ -70,8 +83,9 @@ class PositionalScheme:
         return training_ids(self.ids, coupled_ids, seq_len, self.max_position, rng, self.shift,
                             self.pose_chunks, fixed_prefix)
 
-    def inference_ids(self, coupled_ids: np.ndarray) -> np.ndarray:
-        return inference_ids(self.ids, coupled_ids)
+    def inference_ids(self, coupled_ids: np.ndarray, rng: np.random.Generator | None = None,
+                      seq_len: np.ndarray | None = None) -> np.ndarray:
+        return inference_ids(self.ids, coupled_ids, self.max_position, rng, seq_len)
 
     def largest_id(self, task, length: int, k: int | None) -> int:
         """Largest position id the model sees in a cell (length, k) of `task` (it needs
@@ -115,26 +129,50 @@ def training_ids(
         valid = seq < seq_len[:, None]
         top = np.where(valid, coupled_ids, 0).max(axis=1)
         ids = coupled_ids + (_offsets(max_position - 1 - top, rng)[:, None] if shift else 0)
+    elif scheme == "randomized":
+        ids = randomized_ids(seq_len, T, max_position, rng)
     else:
         raise ValueError(f"ids: unknown scheme {scheme!r}; expected one of {ID_SCHEMES}")
     return np.minimum(ids, max_position - 1).astype(np.int64)
 
 
-def inference_ids(scheme: IdScheme, coupled_ids: np.ndarray) -> np.ndarray:
-    """Prompt ids at evaluation: the task's ids for coupled schemes, else 0..T-1 (no shift, no skips;
-    a `<bos>` is token 0 and gets id 0 either way)."""
+def inference_ids(scheme: IdScheme, coupled_ids: np.ndarray, max_position: int | None = None,
+                  rng: np.random.Generator | None = None, seq_len: np.ndarray | None = None) -> np.ndarray:
+    """Ids of the whole sequence at evaluation: the task's ids for coupled schemes, a fresh sorted
+    sample for randomized (from `rng`, default one seeded INFERENCE_SEED; over seq_len tokens, default
+    all T), else 0..T-1 (no shift, no skips; a `<bos>` is token 0 and gets id 0 either way)."""
     if uses_task_ids(scheme):
         return coupled_ids.astype(np.int64)
+    if scheme == "randomized":
+        assert max_position is not None, "randomized ids are drawn below max_position"
+        B, T = coupled_ids.shape
+        rng = np.random.default_rng(INFERENCE_SEED) if rng is None else rng
+        return randomized_ids(np.full(B, T) if seq_len is None else seq_len, T, max_position, rng)
     return np.broadcast_to(np.arange(coupled_ids.shape[1]), coupled_ids.shape).astype(np.int64)
 
 
 def generation_modes(scheme: IdScheme) -> list[GenerationIds]:
-    """How generated tokens get ids. PPC is reported both with its own ids and the oracle's."""
+    """How generated tokens get ids. PPC is reported both with its own ids and the oracle's;
+    randomized takes the tail of the sample drawn for the whole sequence (generate's oracle_ids)."""
     if scheme == "predicted":
         return ["predicted", "coupled"]
-    if scheme == "coupled":
-        return ["coupled"]
+    if scheme in ("coupled", "randomized"):
+        return [scheme]
     return ["sequential"]
+
+
+def randomized_ids(seq_len: np.ndarray, T: int, max_position: int, rng: np.random.Generator) -> np.ndarray:
+    """Per sequence, seq_len distinct ids drawn uniformly from [0, max_position) and sorted; padding
+    repeats the last id. One draw per sequence: the reference draws one per batch (its sequences have
+    one length), whose prefix would not be a uniform sample for the shorter sequences here."""
+    if int(np.max(seq_len)) > max_position:
+        raise ValueError(f"randomized ids: {int(np.max(seq_len))} tokens need max_position >= that, "
+                         f"not {max_position}")
+    ids = np.empty((len(seq_len), T), dtype=np.int64)
+    for b, n in enumerate(np.asarray(seq_len, dtype=np.int64)):
+        ids[b, :n] = np.sort(rng.choice(max_position, size=int(n), replace=False))
+        ids[b, n:] = ids[b, n - 1] if n else 0
+    return ids
 
 
 def _offsets(room: np.ndarray, rng: np.random.Generator) -> np.ndarray:

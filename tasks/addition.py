@@ -59,6 +59,12 @@ class AdditionTask(Task):
     def max_position_id(self, length: int, k: int | None) -> int:
         return length + 2
 
+    def digit_places(self, batch: Batch) -> np.ndarray:
+        """a_j, b_j and c_j are the (j+1)-th least significant digits: their coupled id less the
+        `<bos>` shift (independent operands' zero padding included: a digit of its number)."""
+        digit = np.isin(batch.tokens, self._digit_ids) & (np.arange(batch.tokens.shape[1]) < batch.seq_len[:, None])
+        return np.where(digit, batch.position_ids - self.fixed_prefix, 0).astype(np.int64)
+
     def max_seq_len(self, length: int, k: int | None) -> int:
         return 3 * length + 4
 

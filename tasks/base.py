@@ -80,6 +80,7 @@ class Batch:
     seq_len: np.ndarray  # int64 [B], number of tokens before padding
     answers: list[str]  # the answer as a string, per sample
     meta: list[dict]  # per-sample metadata (JSON-serialisable)
+    digit_places: np.ndarray | None = None  # int64 [B, T], set for Abacus trials (Task.digit_places)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -335,6 +336,12 @@ class Task(ABC):
         draws of training data would not be held out.
         """
         return self.sample(batch_size, rng)
+
+    def digit_places(self, batch: Batch) -> np.ndarray | None:
+        """Which token is which digit, for Abacus embeddings (models/encodings/abacus.py): int64
+        [B, T], 0 where a token is not a digit (and on padding), p >= 1 where it is the p-th least
+        significant digit of its number. None: the task has no numbers (the default)."""
+        return None
 
     def to_records(self, batch: Batch) -> list[dict]:
         """One JSON-ready dict per sample, padding stripped (the CLI's output format)."""

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import DecoderLM, ModelConfig, generate
+from models import ENCODINGS, DecoderLM, ModelConfig, generate
 from trial.loop import train_loop_per_worker
 
 
@@ -25,7 +25,7 @@ def model(**kw) -> DecoderLM:
     return DecoderLM(ModelConfig(vocab_size=11, max_position=64, d_model=32, n_layers=2, n_heads=4, **kw)).eval()
 
 
-@pytest.mark.parametrize("encoding", ["learned", "rope"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
 def test_id_window_hides_keys_whose_id_is_far(encoding):
     """With every head id-local, a token far away in id space cannot change a query's output,
     even through other layers; with some heads global it can."""

@@ -354,6 +354,7 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("positional.id_window_heads", lambda c: _positional(c, id_window=None, id_window_heads=1)),
         ("positional.init_std", put("positional.init_std", 0)),
         ("positional.frozen", put("positional.frozen", "sometimes")),
+        ("positional.abacus", put("positional.abacus", "sometimes")),
         ("model.n_heads", heads_that_do_not_divide),
         ("model.embed_init_std", put("model.embed_init_std", 0)),
         ("model.norm", put("model.norm", "batch")),

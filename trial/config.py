@@ -76,6 +76,8 @@ class PositionalSpec(Strict):
     init_std: float = Field(
         ModelConfig.pos_init_std, gt=0, le=100, description="learned encoding: initial std of the position-embedding table")
     frozen: bool = Field(ModelConfig.pos_frozen, description="learned encoding: keep the table at its random init")
+    # a flag, not an encoding: Abacus adds digit places on top of an encoding (NoPE or FIRE in the paper)
+    abacus: bool = Field(ModelConfig.abacus, description="add the Abacus embedding of digit places (McLeish 2024)")
 
     @model_validator(mode="after")
     def _head_options_need_a_head(self) -> "PositionalSpec":
@@ -87,7 +89,7 @@ class PositionalSpec(Strict):
     @property
     def scheme(self) -> PositionalScheme:
         """What the loop, the evaluation and the analyses ask about ids (models/positions.py)."""
-        return PositionalScheme(self.encoding, self.ids, self.max_position, self.shift, self.pose_chunks)
+        return PositionalScheme(self.encoding, self.ids, self.max_position, self.shift, self.pose_chunks, self.abacus)
 
     @property
     def label(self) -> str:
@@ -268,6 +270,8 @@ class TrialConfig(Strict):
         if p.id_window_heads is not None and p.id_window_heads > self.model.n_heads:
             raise ValueError(f"positional.id_window_heads: {p.id_window_heads} is more than model.n_heads "
                              f"{self.model.n_heads}")
+        if p.abacus and type(task).digit_places is tasks.Task.digit_places:
+            raise ValueError(f"positional.abacus: task {task.name!r} does not say which token is which digit")
         if self.eval.ks is not None and not task.uses_k:
             raise ValueError(f"eval.ks: task {task.name!r} has no k axis; drop eval.ks")
         params = self.n_parameters()

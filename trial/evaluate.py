@@ -32,13 +32,27 @@ class Tensors:
     ids: torch.Tensor
     loss_mask: torch.Tensor
     answer_mask: torch.Tensor
+    places: torch.Tensor | None = None  # Abacus: each token's digit place
 
     @classmethod
     def of(cls, batch: Batch, ids: np.ndarray, device: torch.device) -> "Tensors":
         def t(a):
             return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
-        return cls(t(batch.tokens), t(ids), t(batch.loss_mask), t(batch.answer_mask))
+        places = None if batch.digit_places is None else t(batch.digit_places)
+        return cls(t(batch.tokens), t(ids), t(batch.loss_mask), t(batch.answer_mask), places)
+
+    def inputs(self) -> dict:
+        """What the model reads to predict the next tokens: every position but the last."""
+        places = None if self.places is None else self.places[:, :-1]
+        return {"tokens": self.tokens[:, :-1], "position_ids": self.ids[:, :-1], "digit_places": places}
+
+
+def with_places(task: Task, batch: Batch, scheme: PositionalScheme) -> Batch:
+    """The batch with its digit places where the model takes them (positional.abacus)."""
+    if scheme.abacus:
+        batch.digit_places = task.digit_places(batch)
+    return batch
 
 
 def next_token_loss(
@@ -49,7 +63,7 @@ def next_token_loss(
     `model` is what is called (a DeepSpeed engine or the module itself); `module` the DecoderLM.
     Returns the loss, its parts, and the logits (for accuracy without a second pass).
     """
-    logits, pos_logits, _ = model(x.tokens[:, :-1], x.ids[:, :-1])
+    logits, pos_logits, _ = model(**x.inputs())
     mask = x.loss_mask[:, 1:]
     lm_loss = F.cross_entropy(logits[mask].float(), x.tokens[:, 1:][mask])
     parts = {"lm_loss": lm_loss.item()}
@@ -117,18 +131,19 @@ def evaluate_cell(
     counts = {m: np.zeros(4) for m in modes}  # answer right, exact, ids right, n
     done = 0
     while done < samples:
-        batch = task.sample(min(batch_size, samples - done), rng, length=length, k=k)
+        batch = with_places(task, task.sample(min(batch_size, samples - done), rng, length=length, k=k), scheme)
         done += len(batch)
         P = int(batch.prompt_len[0])
         assert (batch.prompt_len == P).all() and (batch.seq_len == batch.seq_len[0]).all()
         G = int(batch.seq_len[0]) - P
-        tokens = torch.from_numpy(batch.tokens).to(device)
-        ids = torch.from_numpy(scheme.inference_ids(batch.position_ids)).to(device)
-        oracle = torch.from_numpy(batch.position_ids[:, P:]).to(device)
-        target, ans = tokens[:, P:], torch.from_numpy(batch.answer_mask[:, P:]).to(device)
+        x = Tensors.of(batch, scheme.inference_ids(batch.position_ids, rng), device)
+        tokens, ids = x.tokens, x.ids
+        oracle = ids[:, P:]  # the task's ids (coupled, predicted) or the drawn ones (randomized)
+        target, ans = tokens[:, P:], x.answer_mask[:, P:]
         for mode in modes:
             out, out_ids = generate(
-                module, tokens[:, :P], ids[:, :P], G, mode, oracle_ids=oracle if mode == "coupled" else None
+                module, tokens[:, :P], ids[:, :P], G, mode,
+                oracle_ids=oracle if mode in ("coupled", "randomized") else None, digit_places=x.places,
             )
             right = out == target
             counts[mode] += [
@@ -164,7 +179,7 @@ def evaluate_loss_cell(
         batch = task.sample(min(batch_size, samples - done), rng, length=length)
         done += len(batch)
         x = Tensors.of(batch, scheme.inference_ids(batch.position_ids), device)
-        logits, _, _ = module(x.tokens[:, :-1], x.ids[:, :-1])
+        logits, _, _ = module(**x.inputs())
         mask = x.loss_mask[:, 1:]
         loss = F.cross_entropy(logits.float().transpose(1, 2), x.tokens[:, 1:], reduction="none")
         tail = mask & (torch.arange(1, x.tokens.shape[1], device=device) >= task.train_length)
@@ -200,11 +215,11 @@ def evaluate_grid(
 
 
 def held_out_batches(task: Task, lengths: list[int], samples: int, batch_size: int,
-                     rng: np.random.Generator) -> list[Batch]:
+                     rng: np.random.Generator, scheme: PositionalScheme) -> list[Batch]:
     """Samples of the given lengths (the task's training k), `samples` spread evenly over them: the
     selection set of `eval.select`, or one tracked length of `eval.track`."""
     per_length = -(-samples // len(lengths))
-    return [task.sample(min(batch_size, per_length - i), rng, length=n)
+    return [with_places(task, task.sample(min(batch_size, per_length - i), rng, length=n), scheme)
             for n in lengths for i in range(0, per_length, batch_size)]
 
 
@@ -240,7 +255,7 @@ def attention_margin(module: DecoderLM, batches: list[Batch], scheme: Positional
         for batch in batches:
             x = Tensors.of(batch, scheme.inference_ids(batch.position_ids), device)
             captured.clear()
-            module(x.tokens[:, :-1], x.ids[:, :-1])
+            module(**x.inputs())
             ids = x.ids[:, :-1]
             T = ids.shape[1]
             dist = (ids[:, :, None] - ids[:, None, :]).abs()[:, None]  # [B, 1, Tq, Tk]

@@ -29,8 +29,9 @@ from trial.evaluate import (
     next_token_loss,
     trained_id_distance,
     validate,
+    with_places,
 )
-from trial.session import LocalSession, Session, setup_distributed
+from trial.session import LocalSession, Session, import_deepspeed, setup_distributed
 
 CONFIG_FILE = "trial_config.json"
 # an analysis run after training: (module, task, config, device) -> (flat metrics, extra records)
@@ -164,7 +165,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     missing = [name for name in cfg.analyses_on() if name not in (analyses or {})]
     if missing:  # before training, not after it
         raise ValueError(f"{missing[0]}: no analysis of that name was handed to the training loop")
-    import deepspeed  # noqa: F401 - before the process group is set up, as DeepSpeed expects
+    import_deepspeed()  # before the process group is set up, as DeepSpeed expects
 
     clock.lap("imports")  # in a warm process (study/ray_trial.py) these are done already
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -220,7 +221,8 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
 
     for step in range(start + 1, cfg.optim.steps + 1):
         t = time.time()
-        batch = task.sample(micro, np.random.default_rng([cfg.data_seed_or_seed, rank, step]))
+        batch = with_places(task, task.sample(micro, np.random.default_rng([cfg.data_seed_or_seed, rank, step])),
+                            pos.scheme)
         ids = pos.scheme.training_ids(batch.position_ids, batch.seq_len,
                                       np.random.default_rng([cfg.data_seed_or_seed, rank, step, 1]), task.fixed_prefix)
         loss, parts, _ = next_token_loss(engine, model, Tensors.of(batch, ids, device), w)
@@ -268,12 +270,13 @@ def _tracked_batches(cfg: TrialConfig, task, rank: int, world: int) -> tuple[dic
     """eval.track's batches per length and eval.select's selection set, held out (their own streams)
     and sharded over ranks like validation."""
     e = cfg.eval
+    scheme = cfg.positional.scheme
     tracked = {n: held_out_batches(task, [n], -(-e.track_samples // world), e.batch_size,
-                                   np.random.default_rng([cfg.data_seed_or_seed, 104723, n, rank]))
+                                   np.random.default_rng([cfg.data_seed_or_seed, 104723, n, rank]), scheme)
                for n in e.track or []}
     selection = [] if e.select is None else held_out_batches(
         task, e.select.lengths, -(-e.select.samples // world), e.batch_size,
-        np.random.default_rng([cfg.data_seed_or_seed, 104717, rank]))
+        np.random.default_rng([cfg.data_seed_or_seed, 104717, rank]), scheme)
     return tracked, selection
 
 
@@ -333,7 +336,8 @@ def _validation_batches(cfg: TrialConfig, task, rank: int, world: int) -> list:
     """The held-out in-distribution set: a different stream from training, sharded over ranks."""
     val_rng = np.random.default_rng([cfg.data_seed_or_seed, 104729, rank])
     n_val, bs = -(-cfg.eval.val_samples // world), cfg.eval.batch_size
-    return [task.validation_sample(min(bs, n_val - i), val_rng) for i in range(0, n_val, bs)]
+    return [with_places(task, task.validation_sample(min(bs, n_val - i), val_rng), cfg.positional.scheme)
+            for i in range(0, n_val, bs)]
 
 
 def _report(session: Session, engine, metrics: dict, step: int, cfg: TrialConfig, final: bool = False,
