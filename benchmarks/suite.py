@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -46,6 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from models.decoder import DecoderLM, ModelConfig  # noqa: E402
+from models.encodings import ENCODINGS  # noqa: E402
 
 
 def _timed(fn, repeats: int) -> list[float]:
@@ -106,7 +108,7 @@ def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=2
             opt.zero_grad(set_to_none=True)
         return m, step
 
-    runs = {f"ours_{e}": ours(e) for e in ("nope", "learned", "rope", "alibi")}
+    runs = {f"ours_{e}": ours(e) for e in ENCODINGS}  # every registered encoding
     if compile_too:
         runs["ours_rope_compiled"] = ours("rope", compiled=True)
     if LlamaConfig is not None:
@@ -174,9 +176,11 @@ def print_p1(r: dict) -> None:
 
 
 # --- P2 and P3: studies run as a user runs them -----------------------------------------------
-def _run_study(spec: dict, workdir: Path) -> dict:
-    """Run `study/run.py` on a spec; return its trials' `startup/*` and `time/*` metrics and the
-    study's own (from its MLflow record, as the UI shows them) and the driver's wall time."""
+def _run_study(spec: dict, workdir: Path, root: Path = ROOT) -> dict:
+    """Run `study/run.py` (of the checkout `root`) on a spec; return its trials' `startup/*` and
+    `time/*` metrics and the study's own (from its MLflow record, as the UI shows them), the driver's
+    wall time, its output lines with the time each was read, and Tune's per-result warnings above
+    0.1 s (TUNE_WARN_THRESHOLD_S; Ray prints them from 0.5 s by default)."""
     import yaml
     from mlflow.tracking import MlflowClient
 
@@ -184,18 +188,24 @@ def _run_study(spec: dict, workdir: Path) -> dict:
     path.write_text(yaml.safe_dump(spec))
     storage = workdir / "studies"
     t0 = time.time()
-    out = subprocess.run([sys.executable, str(ROOT / "study/run.py"), "--space", str(path), "--storage", str(storage)],
-                         cwd=workdir, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.Popen([sys.executable, str(root / "study/run.py"), "--space", str(path), "--storage", str(storage)],
+                            cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TUNE_WARN_THRESHOLD_S": "0.1"})
+    lines = [(time.time(), line.rstrip("\n")) for line in proc.stdout]
+    proc.wait(timeout=3600)
     wall = time.time() - t0
-    if out.returncode != 0:
-        raise RuntimeError(f"{spec['name']} failed:\n{out.stderr[-3000:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{spec['name']} failed:\n" + "\n".join(text for _, text in lines[-40:]))
+    slow = [float(m[1]) for _, text in lines if (m := re.search(r"took ([0-9.]+) s.*performance bottleneck", text))]
     client = MlflowClient(f"sqlite:///{storage}/mlflow.db")
     exp = client.get_experiment_by_name(spec["name"])
     runs = client.search_runs([exp.experiment_id])
     parent = next(r for r in runs if r.data.tags.get("study.parent") == "true")
-    trials = [{k: v for k, v in r.data.metrics.items() if k.startswith(("startup/", "time/"))}
+    trials = [{"trial_id": r.data.tags.get("tune.trial_id", ""),
+               **{k: v for k, v in r.data.metrics.items() if k.startswith(("startup/", "time/"))}}
               for r in runs if r is not parent]
-    return {"wall_s": wall, "study": dict(parent.data.metrics), "trials": trials}
+    return {"wall_s": wall, "study": dict(parent.data.metrics), "trials": trials, "lines": lines,
+            "slow_results_s": slow, "ray_warnings": sum(" WARNING " in text for _, text in lines)}
 
 
 def _smoke(name: str, **resources) -> dict:
@@ -213,22 +223,26 @@ def _median(rows: list[dict], key: str) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def p2_trial_start() -> dict:
+def p2_trial_start(baseline: str | None = None) -> dict:
     """The smoke study (4 trials) with warm processes (the default) and with a fresh process per
-    trial, for 1-worker and 2-worker trials, one after the other."""
+    trial, for 1-worker and 2-worker trials, one after the other; with `baseline` (another checkout),
+    fresh 1-worker trials with its code too (`p2_1w_cold_before`), run just before ours; then
+    `p2_two_worker_breakdown`."""
     out = {}
+    runs = [(1, True, ROOT), *([(1, False, Path(baseline))] if baseline else []), (1, False, ROOT),
+            (2, True, ROOT), (2, False, ROOT)]
     with tempfile.TemporaryDirectory(prefix="bench-p2-") as tmp:
-        for workers in (1, 2):
-            for warm in (True, False):
-                name = f"p2_{workers}w_{'warm' if warm else 'cold'}"
-                d = Path(tmp) / name
-                d.mkdir()
-                res = _run_study(_smoke(name, workers_per_trial=workers, warm_processes=warm), d)
-                stages = sorted({k for t in res["trials"] for k in t if k.startswith("startup/")})
-                out[name] = {"workers": workers, "warm": warm, "study_wall_s": res["wall_s"],
-                             "median": {k[len("startup/"):-2]: _median(res["trials"], k) for k in stages},
-                             "from_schedule_s": sorted(t.get("startup/from_schedule_s", float("nan"))
-                                                       for t in res["trials"])}
+        for workers, warm, root in runs:
+            name = f"p2_{workers}w_{'warm' if warm else 'cold'}" + ("_before" if root != ROOT else "")
+            d = Path(tmp) / name
+            d.mkdir()
+            res = _run_study(_smoke(name, workers_per_trial=workers, warm_processes=warm), d, root)
+            stages = sorted({k for t in res["trials"] for k in t if k.startswith("startup/")})
+            out[name] = {"workers": workers, "warm": warm, "study_wall_s": res["wall_s"],
+                         "median": {k[len("startup/"):-2]: _median(res["trials"], k) for k in stages},
+                         "from_schedule_s": sorted(t.get("startup/from_schedule_s", float("nan"))
+                                                   for t in res["trials"])}
+    out["two_worker"] = p2_two_worker_breakdown(baseline)
     return out
 
 
@@ -238,17 +252,113 @@ def print_p2(r: dict) -> None:
     print(f"  {'study':<14}{'from schedule (each trial)':<32}" + "".join(f"{s[:9]:>10}" for s in stages)
           + f"{'wall':>7}")
     for name, m in r.items():
-        if not isinstance(m, dict):
+        if not isinstance(m, dict) or "from_schedule_s" not in m:
             continue
         each = " ".join(f"{v:.2f}" for v in m["from_schedule_s"])
         print(f"  {name:<14}{each:<32}" + "".join(f"{m['median'].get(s, float('nan')):>10.2f}" for s in stages)
               + f"{m['study_wall_s']:>7.0f}")
+    if "p2_1w_cold_before" in r:
+        before, after = (statistics.median(r[k]["from_schedule_s"]) for k in ("p2_1w_cold_before", "p2_1w_cold"))
+        print(f"  fresh 1-worker trials, median start: before {before:.2f} s, after {after:.2f} s ({after / before:.2f}x)")
+    if "two_worker" in r:
+        print_p2_breakdown(r["two_worker"])
     for w in (1, 2):
         warm, cold = r.get(f"p2_{w}w_warm"), r.get(f"p2_{w}w_cold")
         if warm and cold:
             print(f"  {w}-worker trials: median start {statistics.median(warm['from_schedule_s']):.2f} s warm, "
                   f"{statistics.median(cold['from_schedule_s']):.2f} s cold "
                   f"({statistics.median(cold['from_schedule_s']) / statistics.median(warm['from_schedule_s']):.0f}x)")
+
+
+# Ray Train's controller log lines that end a stage of a worker group's start (its sys log, JSON lines)
+TRAIN_STAGES = (("controller", "Requesting resources"), ("placement_group", "Placement group ready"),
+                ("worker_processes", "worker actors created"), ("process_group", "Train context initialized"),
+                ("launch", "Started training worker group"), ("shutdown", "Shutting down"))
+
+
+def _train_log_times(session_dir: str) -> dict[str, dict[str, float]]:
+    """Per Ray Train run (`train-<trial id>`): the wall time each TRAIN_STAGES line was logged."""
+    out: dict[str, dict[str, float]] = {}
+    for path in Path(session_dir, "logs", "train").glob("ray-train-sys-controller-*.log"):
+        for line in path.read_text().splitlines():
+            d = json.loads(line)
+            for stage, text in TRAIN_STAGES:
+                if text in d.get("message", ""):
+                    out.setdefault(d["run_name"], {}).setdefault(stage, d["timestamp_ns"] / 1e9)
+    return out
+
+
+def _trial_breakdown(res: dict) -> list[dict[str, float]]:
+    """Each trial of a multi-worker study, from Tune starting it to Tune seeing it end, in stages
+    (seconds): the driver's lines, Ray Train's controller log and the loop's own clock."""
+    session = next(m[1] for _, t in res["lines"] if (m := re.search(r"session (\S+)$", t)))
+    train = _train_log_times(session)
+    started = {m[1]: ts for ts, t in res["lines"] if (m := re.search(r"started +.* #(\w+) ", t))}
+    ended = {m[1]: ts for ts, t in res["lines"] if (m := re.search(r"finished .* #(\w+) ", t))}
+    rows = []
+    for tid, t0 in started.items():
+        marks = next((v for k, v in train.items() if k.endswith(tid)), {})
+        m = next((t for t in res["trials"] if t["trial_id"].endswith(tid)), None)
+        if not marks or m is None or tid not in ended:
+            continue
+        row, last = {}, t0
+        for stage, _ in TRAIN_STAGES[:-1]:
+            row[stage], last = marks[stage] - last, marks[stage]
+        first_step_at = last + m["startup/total_s"]  # the loop starts as Ray Train launches it
+        for k in ("imports", "distributed", "engine", "data", "first_step"):
+            row[k] = m.get(f"startup/{k}_s", 0.0)
+        row["task_model_restore"] = sum(m.get(f"startup/{k}_s", 0.0) for k in ("task", "model", "restore"))
+        steps = m["time/train_s"] + m["time/eval_s"]
+        row["steps_and_eval"] = steps - row["first_step"]
+        row["reports_checkpoints"] = marks["shutdown"] - first_step_at - row["steps_and_eval"]
+        row["teardown"] = ended[tid] - marks["shutdown"]
+        row["trial_wall"] = ended[tid] - t0
+        row["overhead"] = row["trial_wall"] - steps
+        rows.append(row)
+    return rows
+
+
+def p2_two_worker_breakdown(baseline: str | None = None, rounds: int = 1) -> dict:
+    """Issue 30's study: the smoke study's first cell, 2 trials one after the other, 40 steps, 2
+    workers x 1 CPU, ZeRO-2. Per trial, where its time goes (`_trial_breakdown`), and the overhead
+    per trial (wall time since Ray started, minus the trials' train and eval steps, over the trials).
+    With `baseline` (another checkout of this repository), the same study run with its code too,
+    interleaved, so that before and after are measured side by side."""
+    spec = _smoke("p2_2w_breakdown", workers_per_trial=2, cpus_per_worker=1, zero_stage=2)
+    spec["base"]["optim"]["steps"] = 40
+    spec["grid"] = {k: v[:1] for k, v in spec["grid"].items()}
+    roots = {"after": ROOT, **({"before": Path(baseline)} if baseline else {})}
+    runs: dict[str, list] = {k: [] for k in roots}
+    with tempfile.TemporaryDirectory(prefix="bench-p2b-") as tmp:
+        for i in range(rounds):
+            for label, root in (sorted(roots.items()) if i % 2 else sorted(roots.items(), reverse=True)):
+                d = Path(tmp) / f"{label}{i}"
+                d.mkdir()
+                res = _run_study(spec, d, root)
+                wall, steps = res["study"].get("time/wall_since_ray_s"), res["study"].get("time/trials_in_steps_s")
+                runs[label].append({"trials": _trial_breakdown(res), "overhead_per_trial": (wall - steps) / len(res["trials"]),
+                                    "slow_results_s": res["slow_results_s"], "study_wall_s": res["wall_s"]})
+    out = {}
+    for label, rs in runs.items():
+        trials = [t for r in rs for t in r["trials"]]
+        out[label] = {"median": {k: _median(trials, k) for k in (trials[0] if trials else {})},
+                      "overhead_per_trial": statistics.median(r["overhead_per_trial"] for r in rs),
+                      "slowest_result_s": max((x for r in rs for x in r["slow_results_s"]), default=0.0), "runs": rs}
+    return out
+
+
+def print_p2_breakdown(r: dict) -> None:
+    labels = [k for k in ("before", "after") if k in r]
+    print("P2 2-worker trial, by stage (median over trials, s): " + " | ".join(labels)
+          + (" | after/before" if len(labels) == 2 else ""))
+    for stage in r[labels[-1]]["median"]:
+        values = [r[k]["median"].get(stage, float("nan")) for k in labels]
+        ratio = f"{values[1] / values[0]:>8.2f}" if len(values) == 2 and values[0] > 0.05 else ""
+        print(f"  {stage:<22}" + "".join(f"{v:>9.2f}" for v in values) + ratio)
+    print("  overhead per trial (wall since Ray - steps) / trials: "
+          + ", ".join(f"{k} {r[k]['overhead_per_trial']:.1f} s" for k in labels)
+          + "; slowest per-result driver step above 0.1 s: "
+          + ", ".join(f"{k} {r[k]['slowest_result_s']:.2f} s" for k in labels))
 
 
 def p3_study_share(spec_path: str | None = None) -> dict:
@@ -440,6 +550,7 @@ HEADLINES = {  # (part, path into its result, what it is) for --compare
     "P1 rope vs HF Llama": ("P1", ["models", "ours_rope", "vs_hf_llama"]),
     "P1 rope of matmul": ("P1", ["models", "ours_rope", "of_matmul"]),
     "P2 1-worker start, warm (s)": ("P2", ["p2_1w_warm", "median", "total"]),
+    "P2 2-worker overhead/trial (s)": ("P2", ["two_worker", "after", "overhead_per_trial"]),
     "P3 share in steps": ("P3", ["time/in_steps_share"]),
     "P4 cache speed-up at 4x": ("P4", ["generation", "4x", "speedup"]),
     "P6 overhead/trial at N=100 (ms)": ("P6", ["100", "driver_overhead_ms_per_trial"]),
@@ -460,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--compare", help="an earlier --json file: print its headline ratios beside these")
     parser.add_argument("--p3-spec", help="the study P3 runs (default: search_spaces/default.yaml, ~8 min)")
+    parser.add_argument("--p2-baseline", help="P2: another checkout of this repository (`git worktree add DIR "
+                        "REV`): its code runs the same studies, interleaved, as `before`")
     parser.add_argument("--trials", type=int, nargs="+", default=[100, 300], help="P6: study sizes N")
     parser.add_argument("--nodes", type=int, default=2, help="P6: simulated worker nodes M")
     parser.add_argument("--p6-profile", help="P6: cProfile each first study's driver into this folder")
@@ -472,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         if name == "P3":
             results[name] = run(args.p3_spec)
+        elif name == "P2":
+            results[name] = run(args.p2_baseline)
         elif name == "P6":
             results[name] = run(args.trials, args.nodes, args.p6_profile)
         else:

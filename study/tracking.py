@@ -20,6 +20,7 @@ import functools
 import math
 import os
 import sys
+import threading
 import time
 
 from mlflow.entities import Metric, Param
@@ -43,7 +44,6 @@ def _recording_errors() -> tuple[type[BaseException], ...]:
     try:
         from boto3.exceptions import Boto3Error
         from botocore.exceptions import BotoCoreError, ClientError
-
         errors += [BotoCoreError, ClientError, Boto3Error]
     except ImportError:
         pass
@@ -57,13 +57,15 @@ FLUSH_WAIT_S = float(os.environ.get("STUDY_MLFLOW_WAIT_S", "60"))
 
 
 def deferrable(hook):
-    """A Tune hook of the tracker whose MLflow calls may wait: it joins the backlog, and the backlog
-    is recorded in order, as far as MLflow answers (`StudyTracker.drain`). The trials go on while the
-    store is down; nothing is dropped, and a hook is replayed whole (runs are found again by tag)."""
+    """A Tune hook of the tracker whose MLflow calls may wait: it joins the backlog, which a thread
+    records in order as far as MLflow answers (`StudyTracker.drain`), off Tune's loop (a result's
+    writes took it 0.5-1.5 s). Nothing is dropped; a hook is replayed whole (runs found by tag)."""
     @functools.wraps(hook)
     def call(self, *args, **kwargs):
+        if self._w_failure is not None:
+            raise self._w_failure
         self.backlog.append((hook, args, kwargs))
-        self.drain()
+        self._wake()
     return call
 
 
@@ -144,37 +146,56 @@ class StudyTracker(Callback):
         self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
         self.backlog: collections.deque = collections.deque()  # hooks MLflow has not taken yet
         self.retry_at = 0.0
+        self._writer_state()
         self.down_since: float | None = None
         self.last_error = ""  # what MLflow last answered instead of taking an event
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment; the client is rebuilt
-        return {k: v for k, v in self.__dict__.items() if k not in ("client", "backlog")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("client", "backlog") and not k.startswith("_w")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self.client = MlflowClient(self.tracking_uri)
-        self.backlog = collections.deque()
+        self.client, self.backlog = MlflowClient(self.tracking_uri), collections.deque()
+        self._writer_state()
+
+    def _writer_state(self) -> None:  # the backlog's writer, off Tune's loop; one drain at a time
+        self._w_lock, self._w_event, self._writer, self._w_failure = threading.RLock(), threading.Event(), None, None
+
+    def _wake(self) -> None:
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write, name="mlflow-writer", daemon=True)
+            self._writer.start()
+        self._w_event.set()
+
+    def _write(self) -> None:
+        while True:
+            self._w_event.wait(timeout=max(0.0, self.retry_at - time.time()) if self.backlog else None)
+            self._w_event.clear()
+            try:
+                self.drain()
+            except BaseException as e:  # not an outage but a bug: raised on Tune's loop at the next event
+                self._w_failure = e
+                return
 
     # --- MLflow down: a backlog, recorded in order once it answers ------------------------------
     def drain(self, force: bool = False) -> None:
         """Record the backlog in order; stop at the first call MLflow does not take (and wait
         RETRY_S before trying again, unless `force`)."""
-        if not self.backlog or (not force and time.time() < self.retry_at):
-            return
-        while self.backlog:
-            hook, args, kwargs = self.backlog[0]
-            try:
-                hook(self, *args, **kwargs)
-            except RECORDING_ERRORS as e:
-                self.last_error = _first_line(e)  # a refusal (not an outage) is held too: say which
-                self.retry_at = time.time() + RETRY_S
-                if self.down_since is None:
-                    self.down_since = time.time()
-                    print(f"warning: mlflow: cannot record to {self.tracking_uri} ({_first_line(e)}); the "
-                          "trials go on and their events are recorded once it answers", file=sys.stderr, flush=True)
-                return
-            self.backlog.popleft()
-        if self.down_since is not None:
+        with self._w_lock:
+            while self.backlog and (force or time.time() >= self.retry_at):
+                hook, args, kwargs = self.backlog[0]
+                try:
+                    hook(self, *args, **kwargs)
+                except RECORDING_ERRORS as e:
+                    self.last_error = _first_line(e)  # a refusal (not an outage) is held too: say which
+                    self.retry_at = time.time() + RETRY_S
+                    if self.down_since is None:
+                        self.down_since = time.time()
+                        print(f"warning: mlflow: cannot record to {self.tracking_uri} ({_first_line(e)}); the trials "
+                              "go on and their events are recorded once it answers", file=sys.stderr, flush=True)
+                    return
+                self.backlog.popleft()
+        if self.down_since is not None and not self.backlog:
             print(f"mlflow: recording again after {time.time() - self.down_since:.0f} s; every event "
                   "held meanwhile is recorded", flush=True)
             self.down_since = None
@@ -184,7 +205,7 @@ class StudyTracker(Callback):
         down, and say what was not recorded."""
         deadline = time.time() + wait_s
         while True:
-            self.drain(force=True)
+            self.drain(force=True)  # a hook that failed the writer fails here again
             if not self.backlog:
                 return
             if time.time() >= deadline:
@@ -210,15 +231,10 @@ class StudyTracker(Callback):
                 self.client.update_run(run_id, status="RUNNING")
         else:
             cell = self.cells[trial.config["cell"]]
-            tags = {
-                "mlflow.parentRunId": self.parent_id,
-                TRIAL_TAG: trial.trial_id,
-                "cell": cell.label,
-                "role": trial.config.get("role", "search"),
-                "selected": "false",  # record_selection marks the selected trials
-                **self.source,
-                **{f"factor.{k}": str(v) for k, v in cell.factors.items()},
-            }
+            tags = {"mlflow.parentRunId": self.parent_id, TRIAL_TAG: trial.trial_id, "cell": cell.label,
+                    "role": trial.config.get("role", "search"),
+                    "selected": "false",  # record_selection marks the selected trials
+                    **self.source, **{f"factor.{k}": str(v) for k, v in cell.factors.items()}}
             run = self.client.create_run(
                 self.experiment_id, run_name=f"{cell.label} #{trial.trial_id[-5:]}", tags=tags
             )
@@ -352,8 +368,8 @@ class StudyTracker(Callback):
             self.client.log_batch(self.parent_id, metrics=metrics[j : j + 900])
 
     def log_study_metrics(self, metrics: dict[str, float]) -> None:
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()])
+        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), int(time.time() * 1000), 0)
+                                                       for k, v in metrics.items()])
 
     def finish(self, status: str, artifacts: dict[str, str] | None = None) -> None:
         """End the study's runs: children still running are KILLED (interrupted)."""

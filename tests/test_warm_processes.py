@@ -56,3 +56,16 @@ def test_warm_processes_change_the_time_not_the_metrics(tmp_path):
     key = ["cell", "search.optim.lr", "length", "k", "ids"]
     warm, cold = (results[w].sort_values(key).reset_index(drop=True)[cols] for w in (True, False))
     pd.testing.assert_frame_equal(warm, cold)
+
+
+def test_a_trial_imports_deepspeed_without_mlflow_and_mlflow_still_imports_after():
+    """DeepSpeed's autotuner imports MLflow when installed (1.5 s of every trial process's start on 2
+    cores); a trial never uses it, and a process that wants MLflow afterwards still gets it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from trial.session import import_deepspeed; import_deepspeed(); "
+            "assert 'mlflow' not in sys.modules, 'mlflow imported'; import mlflow; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
