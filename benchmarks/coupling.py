@@ -146,9 +146,9 @@ def trajectory(series, every: int = 1) -> str:
 
 
 def plot_trajectory(series, path: str) -> str:
-    """The tracked series against training steps, a column per tracked length: exact match above,
-    the attention margin (trained-distance keys over untrained ones) below; a line per cell, mean
-    over seeds with the seeds' range shaded."""
+    """The tracked series against training steps, a column per tracked length: exact match, loss and
+    the attention margin (trained-distance keys over untrained ones); a line per cell, mean over
+    seeds with the seeds' range shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,9 +157,10 @@ def plot_trajectory(series, path: str) -> str:
 
     frame = pd.DataFrame(series)
     lengths = sorted({int(c.split("/")[1][3:]) for c in frame.columns if c.startswith("track/len")})
-    fig, axes = plt.subplots(2, len(lengths), figsize=(4.5 * len(lengths), 6), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(3, len(lengths), figsize=(4.5 * len(lengths), 8.5), squeeze=False, sharex=True)
     for i, n in enumerate(lengths):
-        for row, (metric, label) in enumerate((("exact", f"exact match at {n}"), ("margin", f"margin at {n}"))):
+        rows = (("exact", f"exact match at {n}"), ("loss", f"loss at {n}"), ("margin", f"margin at {n}"))
+        for row, (metric, label) in enumerate(rows):
             ax, column = axes[row][i], f"track/len{n}/{metric}"
             for cell, group in frame.groupby("cell", sort=False):
                 stats = group.groupby("step")[column].agg(["mean", "min", "max"])
@@ -304,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.time() - start:6.0f}s] {i}/{len(all_jobs)} {job['spec']} {job['cell']} "
                   f"seed={job['trial']['seed']} val_exact={result['val_exact']:.3f} ({result['seconds']:.0f}s)",
                   flush=True)
+            if args.json:  # after every trial: a run stopped half-way keeps what it measured
+                Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series}))
     table = pd.DataFrame(rows)
     failures = []
     for path, _, train_length in plans:

@@ -163,7 +163,8 @@ def test_the_tracked_series_plot_has_a_panel_per_length_and_metric(tmp_path):
     from benchmarks.coupling import plot_trajectory, trajectory
 
     series = [{"spec": "s", "cell": cell, "seed": seed, "step": step, "track/len16/exact": step / 1000,
-               "track/len16/margin": -1 + step / 1000, "track/len24/exact": 0.0, "track/len24/margin": -2.0}
+               "track/len16/loss": 1.0, "track/len16/margin": -1 + step / 1000, "track/len24/exact": 0.0,
+               "track/len24/loss": 2.0, "track/len24/margin": -2.0}
               for cell in ("a", "b") for seed in (0, 1) for step in (250, 500)]
     plot_trajectory(series, str(tmp_path / "t.png"))
     assert (tmp_path / "t.png").stat().st_size > 10_000

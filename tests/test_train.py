@@ -258,15 +258,19 @@ def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():
     from trial.config import MODEL_FIELD_NAMES
 
     cfg = TrialConfig.model_validate(config(
+        task={"name": "addition", "params": {"train_length": 8}},
         model={"d_model": 48, "n_layers": 3, "n_heads": 3, "d_ff": 40, "dropout": 0.1, "embed_init_std": 0.5,
-               "norm": "rms", "attn_scale": "none"},
+               "norm": "rms", "attn_scale": "none", "head_dim": 8, "init": "t5", "norm_position": "pre_post",
+               "ffn": "gated_gelu", "tie_embeddings": True},
         positional={"encoding": "learned", "ids": "predicted", "max_position": 40, "position_target": "delta",
-                    "id_window": 3, "id_window_heads": 2, "init_std": 1.0, "frozen": True}))
+                    "id_window": 3, "id_window_heads": 2, "init_std": 1.0, "frozen": True, "abacus": True},
+        eval={"lengths": [8, 16], "ks": None}))
     arch = cfg.architecture(vocab_size=7)
     expected = {"vocab_size": 7, "position_head": True, "d_model": 48, "n_layers": 3, "n_heads": 3, "d_ff": 40,
                 "dropout": 0.1, "tok_init_std": 0.5, "norm": "rms", "attn_scale": "none", "encoding": "learned",
                 "max_position": 40, "position_target": "delta", "id_window": 3, "id_window_heads": 2,
-                "pos_init_std": 1.0, "pos_frozen": True}
+                "pos_init_std": 1.0, "pos_frozen": True, "head_dim": 8, "init": "t5", "norm_position": "pre_post",
+                "ffn": "gated_gelu", "tie_embeddings": True, "abacus": True}
     assert {k: getattr(arch, k) for k in expected} == expected
     defaults = ModelConfig(vocab_size=7)
     # every field of the model is set from the trial config, but rope_base (not a trial option)
