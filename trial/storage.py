@@ -227,11 +227,12 @@ def weights_only_loads():
     import torch
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address  # ZeRO-1/2 optimizer states hold it
 
     saved = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # torch reads it at every load
     try:
-        with torch.serialization.safe_globals([ZeroStageEnum, LossScaler]):
+        with torch.serialization.safe_globals([ZeroStageEnum, LossScaler, fragment_address]):
             yield
     finally:
         if saved is None:

@@ -33,9 +33,9 @@ class FIRE(PositionalEncoding):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.mlp = nn.Sequential(nn.Linear(1, MLP_WIDTH), nn.ReLU(), nn.Linear(MLP_WIDTH, cfg.n_heads))
-        self.c = nn.Parameter(torch.tensor(INIT_C))
+        self.c = nn.Parameter(torch.tensor([INIT_C]))  # 1-d: DeepSpeed cannot flatten 0-d parameters
         self.register_buffer("init_L", torch.tensor(INIT_L))
-        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.L_multiplier = nn.Parameter(torch.tensor([1.0]))
 
     @property
     def threshold(self) -> torch.Tensor:
