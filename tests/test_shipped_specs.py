@@ -48,8 +48,11 @@ def shrink(spec: dict) -> dict:
     for key in ("lengths", "ks"):
         if key in ev:
             ev[key] = ev[key][:2]
-    heads = base.get("model", {}).get("n_heads", 2)
-    base["model"] = {**base.get("model", {}), "d_model": 8 * heads, "n_layers": 1}
+    if "model" in spec.get("grid", {}):  # the grid sets whole model groups: shrink each of them
+        spec["grid"]["model"] = [{**m, "d_model": 8 * m.get("n_heads", 2), "n_layers": 1} for m in spec["grid"]["model"]]
+    else:
+        heads = base.get("model", {}).get("n_heads", 2)
+        base["model"] = {**base.get("model", {}), "d_model": 8 * heads, "n_layers": 1}
     for section in ("sparsity", "loss_gap"):  # the analyses: two targets, a short context, small k
         if section in base:
             base[section]["targets"] = 2
