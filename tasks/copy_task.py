@@ -6,37 +6,21 @@ id-matched input token. (Module named copy_task to avoid shadowing the stdlib `c
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
-from .base import MAX_SYMBOLS, Batch, Task, Vocab, make_batch, require_int
+from .base import Batch, make_batch
+from .strings import SymbolTask
 
 
-class CopyTask(Task):
+class CopyTask(SymbolTask):
     """n symbols, `=`, the same n symbols, `<eos>`."""
 
     name: ClassVar[str] = "copy"
     description: ClassVar[str] = "copy n random symbols after '='"
-    uses_k: ClassVar[bool] = False
     local_coupling: ClassVar[bool] = True
-    default_train_length: ClassVar[int] = 10
-
-    def __init__(self, *, alphabet: int = 10, **common: Any) -> None:
-        self.alphabet = require_int("alphabet", alphabet, 1, MAX_SYMBOLS, "symbols, tasks.base.MAX_SYMBOLS")
-        super().__init__(**common)
-        self._symbol_ids = self.vocab.ids(self._symbols())
-        # Multi-character symbols would make a joined answer ambiguous.
-        self._sep = "" if self.alphabet <= 10 else " "
-
-    def _symbols(self) -> list[str]:
-        return [str(i) for i in range(self.alphabet)]
-
-    def _build_vocab(self) -> Vocab:
-        return Vocab([*self._symbols(), "="])
-
-    def value_classes(self) -> list[list[str]]:
-        return [self._symbols()]
+    default_alphabet: ClassVar[int] = 10
 
     def max_position_id(self, length: int, k: int | None) -> int:
         return length + 1
@@ -46,7 +30,7 @@ class CopyTask(Task):
 
     def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator) -> Batch:
         batch, n_max = len(lengths), int(lengths.max())
-        symbols = rng.integers(0, self.alphabet, size=(batch, n_max), dtype=np.int64)
+        symbols = self._draw(lengths, rng)
         width = 2 * n_max + 2
         cols = np.arange(width)[None, :]
         n = lengths[:, None]
@@ -59,8 +43,7 @@ class CopyTask(Task):
             [is_input | is_output, cols == n], [sym_tok, self.vocab["="]], default=self.vocab.eos_id
         )
         position_ids = np.select([is_input | is_output, cols == n], [src + 1, 0], default=n + 1)
-        names = self._symbols()
-        answers = [self._sep.join([names[s] for s in symbols[b, : lengths[b]]]) for b in range(batch)]
+        answers = [self._join(symbols[b, : lengths[b]]) for b in range(batch)]
         # output i <- input i (read at offset +1 from the token that predicts it); <eos> <- nothing
         meta = [{"length": int(lengths[b]), "deps": [[i] for i in range(int(lengths[b]))] + [[]]}
                 for b in range(batch)]

@@ -178,7 +178,8 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     micro = cfg.optim.batch_size // world
     val_batches = _validation_batches(cfg, task, rank, world)
     tracked, selection = _tracked_batches(cfg, task, rank, world)
-    distance = trained_id_distance(val_batches, pos.scheme)  # what the attention margin calls "trained"
+    # what the attention margin calls "trained" (only eval.track reports a margin)
+    distance = trained_id_distance(val_batches, pos.scheme) if tracked else None
     clock.lap("data")
     start, client = 0, {}
     with session.restore_dir() as ckpt:
