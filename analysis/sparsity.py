@@ -12,7 +12,7 @@ How a token is taken away (`ablation`) decides what is measured:
   then answers for a *shorter sample*, which for an xor is another valid input: the parity of the
   B's still visible. Hiding every marked 0 changes nothing and one visible B already answers "1",
   so on sparse_parity the hidden-token meter finds k = 1 or no gap at all, whatever the planted k
-  (measured; README, "Sparsity, measured").
+  (measured; docs/sparsity.md).
 - `resample` (synthetic tasks; the default there): the token's value is redrawn inside its value
   class (`Task.value_classes`: 0 <-> 1, A <-> B), `draws` times, and the loss is that of the
   mixture prediction. The sample keeps its structure (a marked bit stays marked), so the model is

@@ -4,6 +4,7 @@
     python -m benchmarks.coupling search_spaces/coupling_parity.yaml --seeds 7 8 9 --lengths 30 50
     python -m benchmarks.coupling --json results.json               # keep the table for later runs
     python -m benchmarks.coupling --markdown                        # the README's tables
+    python -m benchmarks.coupling SPEC --from-json a.json b.json --docs docs/coupling.md  # tables from saved runs
 
 Every cell of each study spec is trained once per seed (in-process, DeepSpeed on one rank, no Ray:
 the same training loop a study runs), evaluated at the spec's test lengths or `--lengths`, and the
@@ -76,6 +77,15 @@ CLAIMS: dict[str, list[Claim]] = {
     "coupling_parity_scratchpad": [
         Claim("position_target=pointer,", at_least=0.9),  # the trailing comma: not pointer_softmax
         Claim("position_target=pointer,", above="ids=random_shift"),
+    ],
+    # issue 31: the field's known results, in direction, at laptop scale
+    "schemes_by_task": [
+        Claim("ids=randomized,max_position=96,name=reverse", above="encoding=learned,ids=sequential,max_position=96,name=reverse,"),
+        Claim("ids=randomized,max_position=96,name=duplicate", above="encoding=learned,ids=sequential,max_position=96,name=duplicate,"),
+        Claim("ids=coupled,max_position=96,name=multiplication", at_least=0.9),  # Cho et al., full attention
+    ],
+    "schemes_by_task_abacus": [
+        Claim("abacus=True,name=addition", above="encoding=learned,ids=random_shift,max_position=96,name=addition,"),
     ],
     "coupling_variable_assignment": [
         Claim("scratchpad=True,encoding=learned,ids=predicted", at_least=0.9),
@@ -177,14 +187,20 @@ def plot_trajectory(series, path: str) -> str:
     return path
 
 
-def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None) -> tuple[list[dict], int]:
+def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None,
+             cells: list[str] | None = None) -> tuple[list[dict], int]:
     from study.spec import load_spec
     from trial.config import PositionalSpec, TrialConfig
     from trial.limits import MAX_POSITION
 
     spec = load_spec(str(spec_path))
     jobs = []
-    for cell in spec.cells():
+    labels = {c.label for c in spec.cells()}  # a whole label picks that cell alone, not those it prefixes
+    chosen = [c for c in spec.cells() if not cells or any(
+        part == c.label or (part not in labels and part in c.label + ",") for part in cells)]
+    if not chosen:
+        raise ValueError(f"--cells {cells}: no cell of {spec.name} matches (cells: {[c.label for c in spec.cells()]})")
+    for cell in chosen:
         for seed in seeds:
             trial = spec.trial_config(cell, {}, seed)
             if lengths:
@@ -198,18 +214,42 @@ def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None) -> tu
                         print(f"{spec.name} {cell.label}: positional.max_position {need + 1} for lengths {lengths}")
                     trial["positional"] = {**pos, "max_position": need + 1}
             TrialConfig.model_validate(trial)  # anything else wrong fails here, naming the field
-            jobs.append({"spec": spec.name, "cell": cell.label, "trial": trial})
+            jobs.append({"spec": spec.name, "cell": cell.label, "factors": cell.factors, "trial": trial})
     train_length = TrialConfig.model_validate(jobs[0]["trial"]).task_obj.train_length
     return jobs, train_length
 
 
-def check_claims(table, name: str, train_length: int) -> list[str]:
-    """Each claim, for each cell it names, at each length >= 2x train (mean over seeds and ks)."""
+def run_jobs(jobs: list[dict], workers: int, json_path: str | None, seeds: list[int]):
+    """Train every job, `workers` at a time in spawned processes; returns (rows, series, seconds of
+    each trial, wall seconds), the rows also written to `json_path` after every trial."""
+    import multiprocessing
+
+    start, rows, series, seconds = time.time(), [], [], []
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for i, (job, result) in enumerate(zip(jobs, pool.map(_run_trial, jobs)), 1):
+            rows += result["rows"]
+            series += result["series"]
+            seconds.append(result["seconds"])
+            print(f"[{time.time() - start:6.0f}s] {i}/{len(jobs)} {job['spec']} {job['cell']} "
+                  f"seed={job['trial']['seed']} val_exact={result['val_exact']:.3f} ({result['seconds']:.0f}s)",
+                  flush=True)
+            if json_path:  # after every trial: a run stopped half-way keeps what it measured
+                Path(json_path).write_text(json.dumps({"seeds": seeds, "rows": rows, "series": series}))
+    return rows, series, seconds, time.time() - start
+
+
+def check_claims(table, name: str, train_length: int, only_run: bool = False) -> list[str]:
+    """Each claim, for each cell it names, at each length >= 2x train (mean over seeds and ks); with
+    `only_run`, a claim whose cells were not run (filtered out) is skipped, not failed."""
     failures = []
     far = table[(table.spec == name) & (table.length >= 2 * train_length) & table.own_ids
                 & (table.checkpoint == "last")]
     for claim in CLAIMS.get(name, []):
         rows = far[(far.cell + ",").str.contains(claim.cell, regex=False)]  # "x=a," matches a, not ab
+        others = far[(far.cell + ",").str.contains(claim.above, regex=False)] if claim.above else rows
+        if only_run and (rows.empty or others.empty):
+            print(f"  [skipped] {claim.cell!r}: not run")
+            continue
         if rows.empty:
             failures.append(f"{name}: no cell matches {claim.cell!r}")
             continue
@@ -271,42 +311,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("specs", nargs="*", help="study specs (default: the coupling_* specs)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: each spec's)")
+    parser.add_argument("--cells", nargs="+", help="only the cells whose label is, or contains, one of these (x=a, matches a)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
     parser.add_argument("--json", help="write every row here")
     parser.add_argument("--markdown", action="store_true", help="print each spec's table for the README")
     parser.add_argument("--figure", help="with eval.track in the specs: plot the tracked series here (PNG)")
+    parser.add_argument("--docs", help="also write each spec's table into this docs page (benchmarks/docs.py)")
+    parser.add_argument("--from-json", nargs="+", metavar="JSON",
+                        help="train nothing: the tables from the rows of earlier --json files (their seeds)")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
 
     import pandas as pd
     from pydantic import ValidationError
 
+    from benchmarks.docs import write_generated
     from trial.yaml_io import describe_errors
 
     plans = []
     for path in paths:
         try:
-            plans.append((path, *jobs_for(path, args.seeds, args.lengths)))
+            plans.append((path, *jobs_for(path, args.seeds, args.lengths, args.cells)))
         except (OSError, ValueError) as e:
             detail = describe_errors(e) if isinstance(e, ValidationError) else str(e)
             print(f"error: {path}: {detail}", file=sys.stderr)
             return 2
     all_jobs = [job for _, jobs, _ in plans for job in jobs]
     print(f"{len(all_jobs)} trials ({', '.join(p.stem for p in paths)}), seeds {args.seeds}, "
-          f"{args.workers} at a time", flush=True)
-    start, rows, series, seconds = time.time(), [], [], []
-    import multiprocessing
-
-    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for i, (job, result) in enumerate(zip(all_jobs, pool.map(_run_trial, all_jobs)), 1):
-            rows += result["rows"]
-            series += result["series"]
-            seconds.append(result["seconds"])
-            print(f"[{time.time() - start:6.0f}s] {i}/{len(all_jobs)} {job['spec']} {job['cell']} "
-                  f"seed={job['trial']['seed']} val_exact={result['val_exact']:.3f} ({result['seconds']:.0f}s)",
-                  flush=True)
-            if args.json:  # after every trial: a run stopped half-way keeps what it measured
-                Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series}))
+          + (f"from {', '.join(args.from_json)}" if args.from_json else f"{args.workers} at a time"), flush=True)
+    if args.from_json:
+        rows, series, seconds, wall = [], [], [], 0.0
+        for saved in args.from_json:
+            data = json.loads(Path(saved).read_text())
+            rows += data["rows"]
+            series += data.get("series", [])
+        cells = {(job["spec"], job["cell"]) for job in all_jobs}
+        rows = [r for r in rows if (r["spec"], r["cell"]) in cells and r["seed"] in args.seeds]
+        series = [p for p in series if (p["spec"], p["cell"]) in cells and p["seed"] in args.seeds]
+    else:
+        rows, series, seconds, wall = run_jobs(all_jobs, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)
     failures = []
     for path, _, train_length in plans:
@@ -317,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{name}: exact match, mean [min-max] over seeds {args.seeds}"
                   + (f", k = {' / '.join(map(str, ks))}" if ks else "") + "\n")
             print(markdown(part, train_length))
+        if args.docs:
+            ks = sorted(int(k) for k in part.k.dropna().unique())
+            write_generated(args.docs, name, f"Exact match, mean [min-max] over seeds {args.seeds}"
+                            + (f", k = {' / '.join(map(str, ks))}" if ks else "") + ":\n\n" + markdown(part, train_length))
         part = part[part.own_ids]
         summary = part.groupby(["cell", "checkpoint", "k", "length"], dropna=False).exact_match.agg(["mean", "min", "max"])
         print(f"\n{name} (train length {train_length}): exact match over seeds {args.seeds}")
@@ -325,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         if series and any(point["spec"] == name for point in series):
             print(f"\n{name}: tracked while training (mean over seeds)" + trajectory(
                 [point for point in series if point["spec"] == name]))
-    print(f"\n{len(all_jobs)} trials in {time.time() - start:.0f}s wall, {sum(seconds):.0f}s of trial time")
+    print(f"\n{len(all_jobs)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
         Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series,
                                                "failures": failures}, indent=1))

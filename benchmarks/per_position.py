@@ -6,7 +6,7 @@
 Trains one trial config in-process (the same loop as `python -m study.train`), then, per test length,
 prints for every target position the teacher-forced accuracy (inference ids, the oracle's under
 PPC) next to the largest id distance between that target's predicting token and any key it can
-attend to, and the largest such distance any training sequence had. README "Coupling, measured"
+attend to, and the largest such distance any training sequence had. docs/coupling.md
 uses it to show that full-attention coupling fails exactly where a query sees id distances that no
 training sequence had.
 """

@@ -179,7 +179,7 @@ def query(pg: dict, sql: str, *args) -> list[tuple]:
 @contextlib.contextmanager
 def running_mlflow_server(backend_uri: str, env: dict, artifacts_destination: str | None = None,
                           workers: int = 1, timeout: float = 180) -> Iterator[dict]:
-    """`mlflow server` on 127.0.0.1 as README's "Run on a cluster" gives it: this backend store,
+    """`mlflow server` on 127.0.0.1 as docs/cluster.md gives it: this backend store,
     artifacts served by the server from `artifacts_destination` (s3://..., or when None a folder of
     its own). `env` is the server's whole environment (PGPASSWORD, the bucket's credentials). Yields
     {"url", "log" (its output, removed afterwards with the folder), "pid"}; raises ServerFailed if it

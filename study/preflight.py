@@ -314,7 +314,7 @@ def ephemeral_record(mlflow_uri: str | None, address: str | None, storage: str) 
             "filesystem that outlives the node). Point --mlflow-uri at a tracking server that outlives the "
             "cluster: `mlflow server --backend-store-uri postgresql+psycopg2://mlflow@DB-HOST:5432/mlflow "
             "--artifacts-destination s3://YOUR-BUCKET/mlflow` on a VM of its own or with a managed "
-            "PostgreSQL, then --mlflow-uri http://MLFLOW-HOST:5000 (README.md, \"Run on a cluster\")")
+            "PostgreSQL, then --mlflow-uri http://MLFLOW-HOST:5000 (docs/cluster.md)")
 
 
 def warn_ephemeral_record(mlflow_uri: str | None, address: str | None, storage: str) -> str | None:

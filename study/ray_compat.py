@@ -26,6 +26,21 @@ def ray_address_from_environment() -> str | None:
     return get_ray_address_from_environment("auto", None)
 
 
+def token_auth_as_ray_defaults_it() -> None:
+    """Token authentication on for the embedded Ray, as Ray turns it on for any new local cluster, but
+    set before `ray.init`, so Ray does not print how to opt out of it in every study. Ray reads
+    RAY_AUTH_MODE once, at import: setting it later needs Ray's cached config refreshed (private; Ray's
+    own default path does the same). A mode the user set is left alone."""
+    import os
+
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    from ray._raylet import Config
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")
+
+
 def restored_tuner_configs(tuner):
     """(TuneConfig, RunConfig) of a Tuner made by `Tuner.restore`, which Tune reads again when fit()
     starts. Private: `Tuner.restore` takes no new TuneConfig/RunConfig, and a resume must apply the

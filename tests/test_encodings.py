@@ -275,3 +275,60 @@ def test_abacus_needs_a_task_with_digit_places():
     assert TrialConfig.model_validate({"task": {"name": "addition", "params": {"train_length": 3}}, **base})
     with pytest.raises(ValidationError, match="positional.abacus"):
         TrialConfig.model_validate({"task": {"name": "parity", "params": {"train_length": 3}}, **base})
+
+
+def test_the_schemes_table_has_a_row_per_scheme_and_checks_only_the_claims_it_ran():
+    """benchmarks/schemes.py, the README's "which scheme extrapolates where": a row per scheme, a column
+    per task, 2x / 3x and the runs that reach 0.95 at 2x; a claim whose cells were filtered out is
+    skipped, one that was run and fails is a failure."""
+    import pandas as pd
+
+    from benchmarks.coupling import check_claims
+    from benchmarks.schemes import LITERATURE, scheme_of, scheme_table
+
+    random_ = {"positional.encoding": "learned", "positional.ids": "randomized", "positional.max_position": 96,
+               "task.name": "reverse"}
+    assert scheme_of(random_) == "learned, randomized" and scheme_of({"positional.abacus": True}).endswith("abacus")
+    rows = [{"spec": "schemes_by_task", "cell": cell, "scheme": scheme, "task": "reverse", "seed": seed,
+             "data_seed": None, "checkpoint": "last", "own_ids": True, "length": n, "k": None,
+             "exact_match": exact if n > 8 else 1.0}
+            for cell, scheme, exact_by_seed in (
+                ("encoding=learned,ids=randomized,max_position=96,name=reverse", "learned, randomized", (1.0, 0.5, 0.97)),
+                ("encoding=learned,ids=sequential,max_position=96,name=reverse", "learned, sequential", (0.0, 0.0, 0.0)))
+            for seed, exact in enumerate(exact_by_seed) for n in (8, 16, 24)]
+    table = pd.DataFrame(rows)
+    text = scheme_table(table, train_length=8)
+    randomized = next(line for line in text.splitlines() if line.startswith("| learned, randomized"))
+    assert "0.82 / 0.82 (2/3)" in randomized and LITERATURE["learned, randomized"] in randomized
+    assert check_claims(table, "schemes_by_task", 8, only_run=True) == []  # duplicate, multiplication: skipped
+    assert check_claims(table, "schemes_by_task", 8)  # not skipped without only_run: "no cell matches"
+    worse = table.assign(exact_match=[0.0 if "randomized" in c else 1.0 for c in table.cell])
+    assert any("randomized" in f for f in check_claims(worse, "schemes_by_task", 8, only_run=True))
+
+
+def test_benchmark_cells_pick_by_whole_label_or_part():
+    from pathlib import Path
+
+    from benchmarks.coupling import jobs_for
+
+    spec = Path(__file__).resolve().parents[1] / "search_spaces" / "coupling_reference_block.yaml"
+    every, _ = jobs_for(spec, [0], None)
+    whole = every[1]["cell"]  # a label the T5 cell's label extends: picks that cell alone
+    assert [j["cell"] for j in jobs_for(spec, [0], None, [whole])[0]] == [whole]
+    assert len(jobs_for(spec, [0], None, ["init=t5"])[0]) == 1
+    with pytest.raises(ValueError, match="no cell"):
+        jobs_for(spec, [0], None, ["init=xavier"])
+
+
+def test_generated_docs_tables_replace_their_own_block_only(tmp_path):
+    from benchmarks.docs import write_generated
+
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\nprose before\n")
+    write_generated(page, "a", "| old |", argv=["x.yaml"])
+    write_generated(page, "b", "| other |", argv=[])
+    write_generated(page, "a", "| new |", argv=["x.yaml", "--seeds", "3"])
+    text = page.read_text()
+    assert text.startswith("# Page\n\nprose before\n") and "| old |" not in text
+    assert text.count("<!-- generated: a -->") == 1 and text.index("| new |") < text.index("| other |")
+    assert "x.yaml --seeds 3`" in text

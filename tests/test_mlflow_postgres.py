@@ -63,7 +63,7 @@ def postgres():
 
 @pytest.fixture(scope="module")
 def mlflow_pg_server(postgres, s3):
-    """The command line README's "Run on a cluster" gives, on 127.0.0.1: the backend store is
+    """The command line docs/cluster.md gives, on 127.0.0.1: the backend store is
     PostgreSQL (its password in PGPASSWORD, not in the URI), artifacts are served by the server from
     s3://<bucket>/mlflow (the server alone holds the bucket's credentials and endpoint)."""
     env = {**ENV, **postgres["env"], **s3["env"], "MLFLOW_S3_ENDPOINT_URL": s3["url"]}

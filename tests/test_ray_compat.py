@@ -102,3 +102,30 @@ def test_a_retried_report_keeps_its_checkpoint_index(monkeypatch):
 
     ray_compat.report_retrying_under_one_index(report, retry)
     assert used == [7, 7, 7]
+
+
+def test_the_embedded_ray_starts_with_token_auth_and_no_warning_about_it():
+    """A fresh process with RAY_AUTH_MODE unset: Ray alone turns token auth on for a new local cluster
+    and warns how to opt out; with ours first, the cluster has token auth (a task runs through it)
+    and nothing is printed about it. A mode the user set is kept."""
+    import os
+    import subprocess
+    import sys
+
+    def start(prepare: str, env_mode: str | None = None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+        if env_mode:
+            env["RAY_AUTH_MODE"] = env_mode
+        code = (f"import os, ray\nfrom study import ray_compat\n{prepare}\n"
+                "ray.init(address='local', num_cpus=1, include_dashboard=False)\n"
+                "print('MODE', os.environ.get('RAY_AUTH_MODE'), ray.get(ray.remote(lambda: 7).remote()))\n"
+                "ray.shutdown()")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    plain = start("")
+    assert "MODE token 7" in plain.stdout and "Token authentication is enabled" in plain.stderr, plain.stderr[-2000:]
+    ours = start("ray_compat.token_auth_as_ray_defaults_it()")
+    assert "MODE token 7" in ours.stdout and "Token authentication" not in ours.stderr, ours.stderr[-2000:]
+    kept = start("ray_compat.token_auth_as_ray_defaults_it()", env_mode="disabled")
+    assert "MODE disabled 7" in kept.stdout, kept.stderr[-2000:]

@@ -1,0 +1,172 @@
+"""Which positional scheme extrapolates where: the schemes_by_task specs' cells, a row per scheme and a
+column per task, beside each scheme the literature's published figure and its setup.
+
+    python -m benchmarks.schemes --docs docs/schemes.md         # every cell of both specs, 3 seeds
+    python -m benchmarks.schemes --cells name=reverse name=duplicate --seeds 5 6 7 --steps 2000
+
+Each cell is trained at a fixed learning rate (`--lr`; the study, `python study/run.py --space
+search_spaces/schemes_by_task.yaml`, searches it per cell with Optuna) and scored as
+`python -m benchmarks.coupling` scores it: exact match at the spec's test lengths (or `--lengths`),
+mean over seeds, and the runs that reach 0.95 at 2x. The claims of benchmarks/coupling.py's CLAIMS
+for these specs (the field's known results, in direction) are checked; the command exits 1 if one
+fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from benchmarks.coupling import EXTRAPOLATES, check_claims, jobs_for, run_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ["schemes_by_task", "schemes_by_task_abacus"]
+
+# The published figure beside each scheme, with the setup it was measured in (shared/DESIGN.md, "The
+# field's schemes and tasks"); a laptop-scale row checks the direction, not the number.
+LITERATURE = {
+    "learned, random_shift": "absolute ids, shifted in training: the baseline that fails beyond the train length "
+                             "(Cho et al. 2024; Golowich et al. 2025)",
+    "learned, sequential": "absolute ids: ids beyond the train length are never trained (Ruoss et al. 2023's baseline)",
+    "learned, coupled": "Cho et al. 2024: addition 1-30 -> 200 digits, >= 95% exact (1 layer, full attention); "
+                        "N x 2 multiplication trained on N <= 40, extrapolating to N = 100s",
+    "rope, sequential": "Kazemnejad et al. 2023: fails beyond the train length on arithmetic / string tasks",
+    "alibi, sequential": "Press et al. 2022 (language modeling); weak on algorithmic tasks (Kazemnejad et al. 2023)",
+    "nope, sequential": "Kazemnejad et al. 2023: NoPE extrapolates better than RoPE / ALiBi on small algorithmic tasks",
+    "fire, sequential": "Li et al. 2023; Zhou et al. 2024: with a reversed format and index hints, 40 -> 100 digit "
+                        "addition > 98%, swinging with the init and data-order seeds",
+    "t5_bias, sequential": "Raffel et al. 2020: the relative baseline of most of these papers",
+    "learned, randomized": "Ruoss et al. 2023: +12.0% average accuracy at unseen lengths over 15 algorithmic tasks "
+                           "(reversal, duplication and bucket sort among them; train <= 40, test 41-500)",
+    "nope, sequential, abacus": "McLeish et al. 2024: addition trained on 20 digits, up to 99% exact at 100 digits",
+    "fire, sequential, abacus": "McLeish et al. 2024: Abacus + FIRE, addition trained on 20 digits, ~99% at 100 digits",
+}
+
+
+def scheme_of(factors: dict) -> str:
+    """A cell's scheme as the table names it: encoding, ids[, abacus]."""
+    name = f"{factors.get('positional.encoding', 'learned')}, {factors.get('positional.ids', 'sequential')}"
+    return name + (", abacus" if factors.get("positional.abacus") else "")
+
+
+def task_of(factors: dict, default: str) -> str:
+    return factors.get("task.name", default)
+
+
+def scheme_table(table, train_length: int) -> str:
+    """A row per scheme, a column per task: exact match at 2x / 3x (mean over runs), the runs that reach
+    EXTRAPOLATES at 2x in parentheses; then the literature's figure. Cells not run are blank."""
+    far = [n for n in sorted(table.length.unique()) if n >= 2 * train_length][:2]
+    tasks = list(dict.fromkeys(table.task))
+    lines = [f"| scheme | {' | '.join(tasks)} | published (setup) |", "|---|" + "---|" * (len(tasks) + 1)]
+    for scheme, rows in table.groupby("scheme", sort=False):
+        values = []
+        for task in tasks:
+            cell = rows[rows.task == task]
+            if cell.empty:
+                values.append("")
+                continue
+            at = cell[cell.length == far[0]] if far else cell
+            runs = at.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
+            means = " / ".join(f"{cell[cell.length == n].exact_match.mean():.2f}" for n in far)
+            values.append(f"{means} ({int((runs >= EXTRAPOLATES).sum())}/{len(runs)})")
+        lines.append(f"| {scheme} | " + " | ".join(values) + f" | {LITERATURE.get(scheme, '')} |")
+    return "\n".join(lines)
+
+
+def in_distribution(table, train_length: int) -> str:
+    """The same rows at the train length: a scheme that does not fit cannot extrapolate."""
+    fit = table[table.length == train_length]
+    pivot = fit.groupby(["scheme", "task"], sort=False).exact_match.mean().unstack("task")
+    return pivot.round(2).to_string()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.schemes", description=__doc__.split("\n")[0])
+    parser.add_argument("specs", nargs="*", help="study specs (default: schemes_by_task and its Abacus sibling)")
+    parser.add_argument("--cells", nargs="+", help="only the cells whose label is, or contains, one of these")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: each spec's)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="the learning rate of every cell")
+    parser.add_argument("--steps", type=int, help="training steps of every cell (default: the spec's)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
+    parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--docs", help="also write the table into this docs page (benchmarks/docs.py)")
+    args = parser.parse_args(argv)
+    paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
+
+    import pandas as pd
+    from pydantic import ValidationError
+
+    from benchmarks.docs import write_generated
+    from trial.config import TrialConfig
+    from trial.yaml_io import describe_errors
+
+    jobs, train_lengths, defaults = [], {}, {}
+    for path in paths:
+        try:
+            found, train_lengths[path.stem] = jobs_for(path, args.seeds, args.lengths, args.cells)
+        except ValueError as e:
+            if "no cell of" in str(e):  # --cells picks from several specs: one may hold none of them
+                continue
+            print(f"error: {path}: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"error: {path}: {e}", file=sys.stderr)
+            return 2
+        for job in found:
+            job["trial"].setdefault("optim", {})["lr"] = args.lr
+            if args.steps:
+                job["trial"]["optim"]["steps"] = args.steps
+            defaults[job["cell"]] = job["trial"]["task"]["name"]
+            try:
+                TrialConfig.model_validate(job["trial"])
+            except ValueError as e:
+                detail = describe_errors(e) if isinstance(e, ValidationError) else str(e)
+                print(f"error: {path} with --lr / --steps: {detail}", file=sys.stderr)
+                return 2
+        jobs += found
+    if not jobs:
+        print(f"error: --cells {args.cells}: no cell of {[p.stem for p in paths]} matches", file=sys.stderr)
+        return 2
+    seen, unique = set(), []  # a (scheme, task) in two specs runs once, from the first
+    for job in jobs:
+        key = (scheme_of(job["factors"]), task_of(job["factors"], defaults[job["cell"]]), job["trial"]["seed"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(job)
+    print(f"{len(unique)} trials, seeds {args.seeds}, lr {args.lr}, {args.workers} at a time", flush=True)
+    rows, _, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
+    table = pd.DataFrame(rows)
+    names = {(j["spec"], j["cell"]): j for j in unique}
+    table["scheme"] = [scheme_of(names[(s, c)]["factors"]) for s, c in zip(table.spec, table.cell)]
+    table["task"] = [task_of(names[(s, c)]["factors"], defaults[c]) for s, c in zip(table.spec, table.cell)]
+    table = table[table.own_ids & (table.checkpoint == "last")]
+    train_length = max(train_lengths.values())
+    steps = {j["trial"]["optim"].get("steps") for j in unique}
+    header = (f"Exact match at {' / '.join(f'{n / train_length:g}x' for n in sorted(table.length.unique()) if n >= 2 * train_length)}"
+              f" (mean over seeds {args.seeds}), in parentheses the runs >= {EXTRAPOLATES} at 2x; train <= "
+              f"{train_length}, lr {args.lr}, {', '.join(map(str, sorted(steps)))} steps:\n\n")
+    print()
+    print(header + scheme_table(table, train_length))
+    if args.docs:
+        write_generated(args.docs, "schemes_by_task", header + scheme_table(table, train_length)
+                        + f"\n\nIn distribution ({train_length}), exact match:\n\n```\n{in_distribution(table, train_length)}\n```")
+    print(f"\nin distribution ({train_length}):\n{in_distribution(table, train_length)}")
+    failures = []
+    for path in paths:  # a claim may compare cells of two specs (their labels name task and scheme alike)
+        if path.stem in train_lengths:
+            failures += check_claims(table.assign(spec=path.stem), path.stem, train_lengths[path.stem], only_run=True)
+    print(f"\n{len(unique)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "failures": failures}, indent=1))
+    for failure in failures:
+        print(f"claim failed: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
