@@ -5,7 +5,7 @@
 
 Each module's `after_training(module, task, cfg, device) -> (metrics, extra records)` is registered
 here by the name of its trial-config section. The training loop (trial/loop.py) is handed this
-registry by whoever runs it (study/ray_trial.py, study/train.py) and never imports an analysis.
+registry by whoever runs it (study/experiment/ray_trial.py, study/train.py) and never imports an analysis.
 
 May import: tasks, models, trial. Imported by: study.
 """

@@ -141,55 +141,9 @@ def _run_trial(job: dict) -> dict:
             "seconds": time.time() - start}
 
 
-def trajectory(series, every: int = 1) -> str:
-    """The tracked series of each cell (eval.track: teacher-forced exact match and attention margin at
-    longer lengths; eval.select: the selection loss), mean over seeds, a row per `every`-th report."""
-    import pandas as pd
-
-    frame = pd.DataFrame(series)
-    columns = [c for c in frame.columns if c.startswith(("track/", "select/"))]
-    out = []
-    for cell, group in frame.groupby("cell", sort=False):
-        means = group.groupby("step")[columns].mean()
-        out.append(f"\n{cell}\n" + means.iloc[::every].round(3).to_string())
-    return "\n".join(out)
-
-
-def plot_trajectory(series, path: str) -> str:
-    """The tracked series against training steps, a column per tracked length: exact match, loss and
-    the attention margin (trained-distance keys over untrained ones); a line per cell, mean over
-    seeds with the seeds' range shaded."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-
-    frame = pd.DataFrame(series)
-    lengths = sorted({int(c.split("/")[1][3:]) for c in frame.columns if c.startswith("track/len")})
-    fig, axes = plt.subplots(3, len(lengths), figsize=(4.5 * len(lengths), 8.5), squeeze=False, sharex=True)
-    for i, n in enumerate(lengths):
-        rows = (("exact", f"exact match at {n}"), ("loss", f"loss at {n}"), ("margin", f"margin at {n}"))
-        for row, (metric, label) in enumerate(rows):
-            ax, column = axes[row][i], f"track/len{n}/{metric}"
-            for cell, group in frame.groupby("cell", sort=False):
-                stats = group.groupby("step")[column].agg(["mean", "min", "max"])
-                line, = ax.plot(stats.index, stats["mean"], label=cell if len(cell) < 60 else cell[-60:])
-                ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.15)
-            ax.set_ylabel(label)
-            if metric == "margin":
-                ax.axhline(0, color="grey", lw=0.8, ls=":")
-                ax.set_xlabel("training step")
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None,
              cells: list[str] | None = None) -> tuple[list[dict], int]:
-    from study.spec import load_spec
+    from study.spec.schema import load_spec
     from trial.config import PositionalSpec, TrialConfig
     from trial.limits import MAX_POSITION
 
@@ -281,8 +235,18 @@ def extrapolating(group, train_length: int) -> str:
     return f"{int((runs >= EXTRAPOLATES).sum())}/{len(runs)}"
 
 
+def differing(cells: list[str]) -> dict[str, str]:
+    """Each cell's label without the factors every cell shares (a table names what differs): "base"
+    for a cell that sets nothing the others do not; a single cell keeps its whole label."""
+    if len(cells) < 2:
+        return {c: c for c in cells}
+    parts = {c: c.split(",") for c in cells}
+    common = set.intersection(*(set(p) for p in parts.values()))
+    return {c: ",".join(f for f in p if f not in common) or "base" for c, p in parts.items()}
+
+
 def markdown(part, train_length: int) -> str:
-    """One spec's table as the README prints it: a row per cell, checkpoint and id mode (PPC: its own
+    """One spec's table as the docs print it: a row per cell (the factors that differ), checkpoint and id mode (PPC: its own
     ids, then the same models fed the oracle's), a column per test length; mean [min-max] over the
     runs, the ks of a cell joined with " / "; last, the runs that extrapolate (>= 0.95 exact at 2x)."""
     lengths = sorted(part.length.unique())
@@ -298,12 +262,27 @@ def markdown(part, train_length: int) -> str:
     lines = ["| cell | ids | " + " | ".join(head) + " | runs >= 0.95 at 2x |",
              "|---|---|" + "---|" * (len(lengths) + 1)]
     selected = part.checkpoint.nunique() > 1
+    shown = differing(list(dict.fromkeys(part.cell)))
     for (cell, checkpoint, own, ids), group in part.groupby(["cell", "checkpoint", "own_ids", "ids"], sort=False):
         label = ids + (" (own)" if own and ids == "predicted" else " (oracle)" if ids == "coupled" and not own else "")
         label += f", {checkpoint} checkpoint" if selected else ""
         values = [entry(group[group.length == n]) for n in lengths]
-        lines.append(f"| `{cell}` | {label} | " + " | ".join(values) + f" | {extrapolating(group, train_length)} |")
+        lines.append(f"| `{shown[cell]}` | {label} | " + " | ".join(values) + f" | {extrapolating(group, train_length)} |")
     return "\n".join(lines)
+
+
+def command_line(argv: list[str] | None) -> list[str]:
+    """The arguments that train what a table shows: without where it was written or read back from."""
+    out, skip = [], False
+    for arg in sys.argv[1:] if argv is None else argv:
+        if arg in ("--docs", "--from-json", "--json", "--figure"):
+            skip = True
+            continue
+        if skip and not arg.startswith("--"):
+            continue
+        skip = False
+        out.append(arg)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from benchmarks.docs import write_generated
+    from benchmarks.trajectory import plot_trajectory, trajectory
     from trial.yaml_io import describe_errors
 
     plans = []
@@ -343,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, series, seconds, wall = [], [], [], 0.0
         for saved in args.from_json:
             data = json.loads(Path(saved).read_text())
-            rows += data["rows"]
+            rows += [{"checkpoint": "last", "data_seed": None, **r} for r in data["rows"]]  # older files lack them
             series += data.get("series", [])
         cells = {(job["spec"], job["cell"]) for job in all_jobs}
         rows = [r for r in rows if (r["spec"], r["cell"]) in cells and r["seed"] in args.seeds]
@@ -362,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
             print(markdown(part, train_length))
         if args.docs:
             ks = sorted(int(k) for k in part.k.dropna().unique())
-            write_generated(args.docs, name, f"Exact match, mean [min-max] over seeds {args.seeds}"
-                            + (f", k = {' / '.join(map(str, ks))}" if ks else "") + ":\n\n" + markdown(part, train_length))
+            key = name + (f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "") \
+                + (f" lengths {' '.join(map(str, args.lengths))}" if args.lengths else "")
+            write_generated(args.docs, key, ("From the runs saved by `--json` (rebuilt with `--from-json`). " if args.from_json else "")
+                            + f"Exact match, mean [min-max] over seeds {args.seeds}"
+                            + (f", k = {' / '.join(map(str, ks))}" if ks else "") + ":\n\n" + markdown(part, train_length),
+                            argv=command_line(argv))
         part = part[part.own_ids]
         summary = part.groupby(["cell", "checkpoint", "k", "length"], dropna=False).exact_match.agg(["mean", "min", "max"])
         print(f"\n{name} (train length {train_length}): exact match over seeds {args.seeds}")

@@ -7,7 +7,7 @@ in the UI").
 
 PostgreSQL and `mlflow server --workers 1` as benchmarks/postgres.py starts them, artifacts in a
 local folder (none are logged: the runs page reads none). The experiment is filled through the
-server as study/tracking.py fills it: a parent run and N FINISHED children tagged
+server as study/record/tracking.py fills it: a parent run and N FINISHED children tagged
 `mlflow.parentRunId`, with the tracker's tags, params and metric names (synthetic_study), or, with
 `--from-sqlite`, a real study's parent run and children copied from a SQLite store (sqlite_study).
 Under "mlflow_ui" in the JSON: the record's shape, fill_s, search_runs_* / children_search_*
@@ -41,7 +41,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from benchmarks import postgres
-from study.tracking import PARENT_TAG, TRIAL_TAG
+from study.record.tracking import PARENT_TAG, TRIAL_TAG
 
 THREADS, WINDOW = 4, "1280,4000"
 UNAVAILABLE = 3  # the exit status where PostgreSQL cannot be started here (the message says why)
@@ -67,8 +67,8 @@ SOURCE = {"mlflow.source.name": "study/run.py", "mlflow.source.type": "LOCAL", "
 
 def synthetic_study(n: int, seed: int = 0) -> tuple[dict, list[dict]]:
     """(parent, children), each {"name", "tags", "params", "metrics": [(key, value, step)], "start",
-    "end"}: what study/tracking.py records of a study of len(CELLS) cells and n trials."""
-    from study.trial_record import extrapolation_metrics
+    "end"}: what study/record/tracking.py records of a study of len(CELLS) cells and n trials."""
+    from study.record.trial_record import extrapolation_metrics
     from trial.metrics import CATALOGUE
 
     rng = random.Random(seed)

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from analysis import ANALYSES
-    from study.spec import set_path  # the dotted-path setter study specs use
+    from study.spec.schema import set_path  # the dotted-path setter study specs use
     from trial.config import TrialConfig
     from trial.loop import load_trained, train_loop_per_worker
     from trial.session import FolderSession

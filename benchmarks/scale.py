@@ -40,7 +40,7 @@ Per N, under "P6" -> "N" (JSON):
   calls that reach the tracking store (SqlAlchemyStore methods: what a tracking server would see as
   requests); `mlflow_by_method` lists each method's calls and seconds.
 - snapshot_s_per_trial (Tune's experiment-state save and upload, `TuneController.checkpoint`,
-  plus study/snapshots.py's read-back `in_storage` and one-object copy `mark_complete`),
+  plus study/experiment/snapshots.py's read-back `in_storage` and one-object copy `mark_complete`),
   tracker_s_per_trial (the StudyTracker's Tune hooks, MLflow calls included), searcher_s_per_trial
   (CellSearcher: suggest, results, save): where the overhead goes.
 - state_bytes: the Tune experiment state in the study folder once it finished: the files at the
@@ -85,7 +85,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "study" / "run.py"
 NAME = "p6"
-# a progress line of study/progress.py: "[0:12] finished train_length=6,d_model=8 #8f545 (search: ...)"
+# a progress line of study/record/progress.py: "[0:12] finished train_length=6,d_model=8 #8f545 (search: ...)"
 PROGRESS = re.compile(r"^\[[\d:]+\] (started|finished|stopped|FAILED)\s+(\S+) #(\S+) \(")
 ENDED = ("finished", "stopped", "FAILED")
 STATE_FILE = re.compile(r"^(experiment_state|search_gen_state|searcher-state|callback-states|basic-variant-state)-")
@@ -197,7 +197,7 @@ def _serve_cluster(nodes: int, node_cpus: float, tmp: str) -> None:
 
 # --- a driver, as a user runs it, its lines stamped as they come --------------------------------
 class Driver:
-    live: list["Driver"] = []  # stopped with the benchmark, whatever ends it
+    live: list[Driver] = []  # stopped with the benchmark, whatever ends it
 
     def __init__(self, args: list[str], cwd: Path, env: dict, log: Path, stats: Path | None = None,
                  profile: Path | None = None):
@@ -571,22 +571,22 @@ def _instrument(stats: dict) -> None:
     from ray.tune.execution.tune_controller import TuneController
 
     wrap(TuneController, "checkpoint", "timers", "tune.checkpoint")
-    from study import snapshots
+    from study.experiment import snapshots
 
     wrap(snapshots, "in_storage", "timers", "snapshots.in_storage")
     wrap(snapshots, "mark_complete", "timers", "snapshots.mark_complete")
     from ray import tune
 
-    from study import tuning
-    from study.search import CellSearcher
-    from study.tracking import StudyTracker
+    from study.experiment import tuning
+    from study.experiment.search import CellSearcher
+    from study.record.tracking import StudyTracker
 
     wrap(tune.Tuner, "restore", "timers", "tune.Tuner.restore")  # what --resume reads back
     wrap(tuning, "restore_complete_snapshot", "timers", "snapshots.restore_complete_snapshot")
     wrap(StudyTracker, "__init__", "timers", "tracker.init")
 
     for name in ("on_trial_start", "on_trial_result", "on_checkpoint", "on_trial_complete", "on_trial_error",
-                 "on_snapshot", "reconcile", "record_selection", "finish"):
+                 "snapshot_stored", "reconcile", "record_selection", "finish"):
         if hasattr(StudyTracker, name):
             wrap(StudyTracker, name, "timers", f"tracker.{name}", outermost=False)
     for name in ("suggest", "on_trial_result", "on_trial_complete", "save", "restore"):

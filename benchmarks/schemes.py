@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks.coupling import EXTRAPOLATES, check_claims, jobs_for, run_jobs
+from benchmarks.coupling import EXTRAPOLATES, check_claims, command_line, jobs_for, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["schemes_by_task", "schemes_by_task_abacus"]
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
     parser.add_argument("--json", help="write every row here")
     parser.add_argument("--docs", help="also write the table into this docs page (benchmarks/docs.py)")
+    parser.add_argument("--from-json", nargs="+", metavar="JSON",
+                        help="train nothing: the table from the rows of earlier --json files (their seeds)")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
 
@@ -139,7 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(key)
             unique.append(job)
     print(f"{len(unique)} trials, seeds {args.seeds}, lr {args.lr}, {args.workers} at a time", flush=True)
-    rows, _, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
+    if args.from_json:
+        wanted = {(j["spec"], j["cell"], j["trial"]["seed"]) for j in unique}
+        rows = [{"checkpoint": "last", "data_seed": None, **r} for saved in args.from_json
+                for r in json.loads(Path(saved).read_text())["rows"] if (r["spec"], r["cell"], r["seed"]) in wanted]
+        seconds, wall = [], 0.0
+    else:
+        rows, _, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)
     names = {(j["spec"], j["cell"]): j for j in unique}
     table["scheme"] = [scheme_of(names[(s, c)]["factors"]) for s, c in zip(table.spec, table.cell)]
@@ -153,8 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(header + scheme_table(table, train_length))
     if args.docs:
-        write_generated(args.docs, "schemes_by_task", header + scheme_table(table, train_length)
-                        + f"\n\nIn distribution ({train_length}), exact match:\n\n```\n{in_distribution(table, train_length)}\n```")
+        write_generated(args.docs, "schemes_by_task", ("From the runs saved by `--json` (rebuilt with `--from-json`). "
+                                                       if args.from_json else "") + header + scheme_table(table, train_length)
+                        + f"\n\nIn distribution ({train_length}), exact match:\n\n```\n{in_distribution(table, train_length)}\n```",
+                        argv=command_line(argv))
     print(f"\nin distribution ({train_length}):\n{in_distribution(table, train_length)}")
     failures = []
     for path in paths:  # a claim may compare cells of two specs (their labels name task and scheme alike)

@@ -431,7 +431,7 @@ def p4_generation_and_data(repeats: int = 5, configs: tuple[str, ...] | None = N
             b = task.sample(cfg.optim.batch_size, rng)
             return b, pos.scheme.training_ids(b.position_ids, b.seq_len, rng)
 
-        def step(b_ids=data()):
+        def step(b_ids=data()):  # noqa: B008 (one batch, drawn once: the step times the model, not the data)
             b, ids = b_ids
             loss, _, _ = next_token_loss(model, model, Tensors.of(b, ids, torch.device("cpu")),
                                          pos.position_loss_weight)

@@ -1,14 +1,14 @@
-"""What a study does with many trials, and the commands a person runs.
+"""What a study does with many trials, and the commands a person runs. Four jobs, lowest first:
 
-- run: `python study/run.py`, the entry point (flags, preflight, the embedded default); preflight:
-  checks of its flags and environment; spec: the study spec (grid, search, objective, resources);
-  identity and lock: which study a record belongs to, one driver per study.
-- tuning: the study as one Ray Tune experiment; search: per-cell Optuna search and ASHA; ray_trial: one
-  Tune trial = one Ray Train run of trial/loop.py; snapshots: Tune's experiment state on the events a
-  resume needs; ray_compat: every private Ray name the platform relies on, in one place.
-- tracking: the MLflow record; progress: one line per event; report: tables and figures.
-- train, loss_gap, sparsity: one trial, or one analysis of a trained model, from the command line
-  (model_source: which trained model an analysis command measures).
+- ray_compat.py: every private Ray name the platform relies on, in one place;
+- spec/: the study spec and the checks made before any cluster work (preflight);
+- record/: the MLflow record, the study's identity and lock, the terminal's lines, tables and figures;
+- experiment/: the study as one Ray Tune experiment (Tuner, search, a trial as a Ray Train run,
+  snapshots on events);
+- the commands, here: run.py (`python study/run.py`, the entry point), train.py, loss_gap.py,
+  sparsity.py (model_source.py: which trained model an analysis measures) and report.py
+  (`python -m study.report`).
 
-May import: tasks, models, trial, analysis.
+Each job may import the ones above it in this list (tests/test_architecture.py). May import: tasks,
+models, trial, analysis.
 """

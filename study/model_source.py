@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from study.preflight import check_mlflow_uri
+from study.spec.preflight import check_mlflow_uri
 from trial import storage as store
 
 
@@ -21,7 +21,7 @@ def add_model_source(parser, hf_help: str) -> None:
 
 def checkpoint_of_run(uri: str, run_id: str):
     """(MlflowClient, run id, checkpoint folder) for the CLIs' --mlflow-run: a trial run's
-    `checkpoint` tag (study/tracking.py) is where its model was stored."""
+    `checkpoint` tag (study/record/tracking.py) is where its model was stored."""
     from mlflow.tracking import MlflowClient
 
     checkpoint = tagged_checkpoint(uri, run_id)  # a ValueError naming --mlflow-run or --mlflow-uri

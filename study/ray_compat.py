@@ -9,12 +9,12 @@ attribute (tests/test_architecture.py).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 CHECKED_ON = "2.60.0"
 
-# Ray's loggers that report a failed storage call of the Tune controller (study/snapshots.py quiets them)
+# Ray's loggers that report a failed storage call of the Tune controller (study/experiment/snapshots.py quiets them)
 STORAGE_LOGGERS = ("ray.tune.execution.experiment_state", "ray.train._internal.storage", "ray.tune.tune")
 
 
@@ -41,6 +41,29 @@ def token_auth_as_ray_defaults_it() -> None:
     Config.initialize("")
 
 
+def cluster_config_validated(raw: dict) -> dict:
+    """A cluster-launcher YAML as `ray up` checks it: merged with the installed Ray's defaults for its
+    provider (no cloud call) and validated against Ray's schema; returns the merged config. Private:
+    `ray up` has no dry run. The fake_multinode provider ships no defaults file: its config is checked
+    as it is, as its running autoscaler does."""
+    from pathlib import Path
+
+    from ray.autoscaler._private import providers
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    defaults_file = providers._DEFAULT_CONFIGS[raw["provider"]["type"]]()
+    config = prepare_config(raw) if Path(defaults_file).exists() else raw
+    validate_config(config)
+    return config
+
+
+def node_ip_address() -> str:
+    """The address Ray's nodes on this machine advertise (what a fake cluster's gcs_address needs)."""
+    from ray._private.services import get_node_ip_address
+
+    return get_node_ip_address()
+
+
 def restored_tuner_configs(tuner):
     """(TuneConfig, RunConfig) of a Tuner made by `Tuner.restore`, which Tune reads again when fit()
     starts. Private: `Tuner.restore` takes no new TuneConfig/RunConfig, and a resume must apply the
@@ -53,7 +76,7 @@ def restored_tuner_configs(tuner):
 def controller_checkpoint_wrapped(make_wrapper: Callable[[Callable], Callable]) -> Iterator[None]:
     """While inside, Tune's controller saves its experiment state through `make_wrapper(original)`
     (original: `TuneController.checkpoint(self, force, wait)`). Private: Tune saves on a timer only,
-    and a resume depends on a save after each event (study/snapshots.py)."""
+    and a resume depends on a save after each event (study/experiment/snapshots.py)."""
     from ray.tune.execution.tune_controller import TuneController
 
     original = TuneController.checkpoint

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python study/run.py` from a checkout that is not pip-installed
     sys.path.insert(0, str(ROOT))
 
-from study.spec import StudySpec, load_spec  # noqa: E402
+from study.spec.schema import StudySpec, load_spec  # noqa: E402
 
 # DeepSpeed JIT-builds its CPU op with the `ninja` on PATH; the venv's (pip's) one first, for the
 # driver and every Ray worker it starts: a second ninja version on the machine takes the first one's
@@ -39,7 +39,7 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, stopped the same way
 # (ray_constants.ENABLE_RAY_CLUSTER, off by default on macOS and Windows: a local-only Ray) makes it
 # loopback; Ray reads it when imported and every Ray process inherits it, so it is set before ray is
 # imported, for the embedded Ray only. Process groups: trial/session.py (the one-rank group) and
-# start_ray in study/tuning.py (gloo and NCCL of N-worker trials on the loopback interface). Not
+# start_ray in study/experiment/tuning.py (gloo and NCCL of N-worker trials on the loopback interface). Not
 # bindable through Ray or torch: the TCPStore of an N-worker Ray Train trial (rank 0's torch c10d
 # store listens on every interface whatever MASTER_ADDR says, and TorchConfig offers only env:// and
 # tcp:// rendezvous, no store or listening socket of our own).
@@ -99,8 +99,8 @@ def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking
     to the runs table)."""
     from mlflow.tracking import MlflowClient
 
-    from study.report import summary_lines
-    from study.tracking import RECORDING_ERRORS, runs_link
+    from study.record.report import summary_lines
+    from study.record.tracking import RECORDING_ERRORS, runs_link
 
     lines = summary_lines(spec, selected, summary) + ["files:"] + [f"  {f}" for f in files]
     try:
@@ -187,7 +187,7 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    from study import preflight
+    from study.spec.schema import preflight
     from trial import storage as store
 
     spec = _checked_spec(args)
@@ -227,7 +227,7 @@ def _main(args) -> int:
 
 def _checked_spec(args) -> StudySpec:
     """The flags, the environment and the spec, checked before anything is read or written."""
-    from study import preflight
+    from study.spec.schema import preflight
     from trial.yaml_io import InputFileError, describe_errors
 
     problem = preflight.check_flags(args)
@@ -241,7 +241,7 @@ def _checked_spec(args) -> StudySpec:
 
 
 def _dry_run(args, spec: StudySpec, concurrency: int | None) -> int:
-    from study.tuning import build_search
+    from study.experiment.tuning import build_search
 
     build_search(spec, spec.resources.model_dump())  # what Tune would be given, built (no Ray started)
     lines = plan_lines(spec, concurrency)
@@ -257,7 +257,7 @@ def _dry_run(args, spec: StudySpec, concurrency: int | None) -> int:
 def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, address: str | None):
     """Whether this study may start (or resume) here; returns its stored identity on --resume (None
     for a new study). A study without a readable study.json or driver.lock is refused."""
-    from study import identity as ident
+    from study.record import identity as ident
     from trial import storage as store
 
     shortfall = None if address else local_shortfall(spec)
@@ -293,11 +293,11 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
 
 
 def _check_lock_file(study_dir: str) -> None:
-    """A driver.lock that is not one (study/lock.py reads a JSON object; an empty file is a driver
+    """A driver.lock that is not one (study/record/lock.py reads a JSON object; an empty file is a driver
     killed mid-write, which it takes over) is refused: nothing can say whose it is."""
     import json
 
-    from study.lock import FILE
+    from study.record.lock import FILE
     from trial import storage as store
 
     path = store.join(study_dir, FILE)
@@ -313,19 +313,19 @@ def _check_lock_file(study_dir: str) -> None:
 
 
 def _checked_record(spec: StudySpec, study_dir: str, tracking_uri: str, stored) -> str | None:
-    """The MLflow experiment the study records to (study/identity.py), checked before Ray starts:
+    """The MLflow experiment the study records to (study/record/identity.py), checked before Ray starts:
     one that cannot be used (deleted) is refused here, not in a traceback once the cluster runs."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from study import identity as ident
+    from study.record import identity as ident
 
     try:
         return ident.study_experiment(MlflowClient(tracking_uri), spec, ident.artifact_root(
             study_dir, tracking_uri, spec.name), stored)[1]
     except ident.RecordRefused as e:
         raise Exit(EXIT_BAD_INPUT, f"error: mlflow: {e}") from None
-    except (MlflowException, OSError):  # not answering now: the tracker waits for it (study/tracking.py)
+    except (MlflowException, OSError):  # not answering now: the tracker waits for it (study/record/tracking.py)
         return None
     except Exception as e:  # a SQLite store on a full disk raises neither: say so, as a study does
         from trial import storage as store
@@ -353,9 +353,9 @@ def _tracking_uri(args, storage: str, study_dir: str) -> str:
 def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
                 concurrency: int | None, stored):
     """run_study under the study's driver lock; each way a study stops early becomes an Exit."""
-    from study import identity as ident
-    from study.lock import StudyLocked, driver_lock
-    from study.tuning import Terminated, run_study
+    from study.experiment.tuning import Terminated, run_study
+    from study.record import identity as ident
+    from study.record.lock import StudyLocked, driver_lock
     from trial import storage as store
 
     try:
@@ -366,7 +366,7 @@ def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, addres
                              identity)
     except StudyLocked as e:  # before anything of the study was touched
         raise Exit(EXIT_BAD_INPUT, f"error: {e}") from None
-    except store.StorageError as e:  # the storage stopped answering (study/snapshots.py): stopped, resumable
+    except store.StorageError as e:  # the storage stopped answering (study/experiment/snapshots.py): stopped, resumable
         raise Exit(1, f"error: --storage: {e}. Study {spec.name!r} stopped: the trials it finished are kept, the "
                       "others continue from their last checkpoint; continue it with --resume once the storage "
                       "answers") from None

@@ -8,9 +8,10 @@ sparse, length-independent dependency pattern (Golowich et al. 2025, Cho et al. 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -256,7 +257,7 @@ class Task(ABC):
     def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator) -> Batch:
         """Build a batch for per-sample `lengths` (and `ks`), vectorised over the batch."""
 
-    def _check_cell(self, length: int, k: int | None) -> None:
+    def _check_cell(self, length: int, k: int | None) -> None:  # noqa: B027 (optional hook: most tasks have none)
         """Task-specific impossibility checks for one cell (length and k already validated)."""
 
     def value_classes(self) -> list[list[str]]:

@@ -24,9 +24,9 @@ import hashlib
 import json
 import os
 import sysconfig
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -239,7 +239,7 @@ def load_documents(corpus: str, **source: object) -> tuple[tuple[str, bytes], ..
 
 def doc_hash(name: str, split_seed: int) -> float:
     """A stable number in [0, 1) per (seed, document name): sha1, not Python's salted hash()."""
-    digest = hashlib.sha1(f"{split_seed}\x00{name}".encode("utf-8")).digest()
+    digest = hashlib.sha1(f"{split_seed}\x00{name}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 

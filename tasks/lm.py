@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -100,11 +101,11 @@ class LMTask(Task):
         self.split_seed = split_seed
         self._loaded: SplitCorpus | None = None
         if not _is_hub_dataset(corpus):
-            self._split  # local corpora load (and are checked) now; a hub dataset loads on first
+            _ = self.split  # local corpora load (and are checked) now; a hub dataset loads on first
             # use, inside the trial on the cluster, so validating a spec downloads nothing
 
     @property
-    def _split(self) -> SplitCorpus:
+    def split(self) -> SplitCorpus:
         if self._loaded is None:
             split = split_corpus(
                 self.corpus, val_fraction=self.val_fraction, split_seed=self.split_seed, glob=self.glob,
@@ -122,19 +123,19 @@ class LMTask(Task):
 
     @property
     def train_tokens(self) -> np.ndarray:
-        return self._split.train_tokens
+        return self.split.train_tokens
 
     @property
     def val_tokens(self) -> np.ndarray:
-        return self._split.val_tokens
+        return self.split.val_tokens
 
     @property
     def train_docs(self) -> tuple[str, ...]:
-        return self._split.train_docs
+        return self.split.train_docs
 
     @property
     def val_docs(self) -> tuple[str, ...]:
-        return self._split.val_docs
+        return self.split.val_docs
 
     # --- Task hooks --------------------------------------------------------------------------
 
@@ -194,7 +195,7 @@ class LMTask(Task):
             return self._windows(
                 self.train_tokens, "train", np.full(batch_size, self.train_length, dtype=np.int64), rng
             )
-        self._split  # load before checking the length against the validation split
+        _ = self.split  # load before checking the length against the validation split
         self.check(length, None)
         return self._windows(self.val_tokens, "validation", np.full(batch_size, int(length), dtype=np.int64), rng)
 

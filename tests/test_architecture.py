@@ -3,7 +3,8 @@ others (imports inside functions count), modules stay short enough to read, and 
 live in one module.
 
 Layers, lowest first: tasks and models, then trial (one trial), then analysis (after training), then
-study (many trials, and the commands). A module may import its own layer and the layers below.
+study (many trials, and the commands). A module may import its own layer and the layers below; inside
+study, its jobs are layered the same way (ray_compat, spec, record, experiment, the commands).
 """
 
 from __future__ import annotations
@@ -109,11 +110,30 @@ def test_imports_point_down_the_layers():
     assert not wrong, "\n".join(sorted(wrong))
 
 
+# study's jobs, lowest first (study/__init__.py): each may import its own and the ones before it
+STUDY_JOB = {"study.ray_compat": 0, "study.spec": 1, "study.record": 2, "study.experiment": 3}
+COMMANDS = 4  # the modules directly in study/: run, train, report, loss_gap, sparsity, model_source
+
+
+def study_job(module: str) -> int:
+    return next((rank for prefix, rank in STUDY_JOB.items() if module == prefix or module.startswith(prefix + ".")),
+                COMMANDS)
+
+
+def test_study_jobs_import_down_too():
+    wrong = [f"{name} imports {other}" for name, imported in graph().items() if name.startswith("study.")
+             for other in imported if other.startswith("study.") and study_job(other) > study_job(name)]
+    assert not wrong, "\n".join(sorted(wrong))
+    # every study module is in a job: a new sub-package must be placed above
+    packages = {p.parent.name for p in (ROOT / "study").glob("*/__init__.py")}
+    assert {f"study.{p}" for p in packages} <= set(STUDY_JOB), packages
+
+
 def test_modules_are_short_enough_to_read():
     long = {}
     benchmarks = {f"benchmarks.{p.stem}": p for p in (ROOT / "benchmarks").glob("*.py")}
     assert benchmarks  # outside the layered packages, but source all the same
-    for name, path in {**modules(), **benchmarks}.items():
+    for _name, path in {**modules(), **benchmarks}.items():
         rel = str(path.relative_to(ROOT))
         lines = len(path.read_text().splitlines())
         if lines > MAX_LINES and rel not in LONG_MODULES:
@@ -144,3 +164,52 @@ def test_rays_private_names_live_in_one_module():
 ])
 def test_the_private_name_pattern_tells_them_apart(line, private):
     assert bool(PRIVATE_RAY.search(line)) is private
+
+
+def test_ruff_finds_nothing():
+    """The lint of pyproject.toml's [tool.ruff.lint], over the whole repository (CI runs this file)."""
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed: pip install -e '.[test]'")
+    out = subprocess.run([ruff, "check", "--no-cache", str(ROOT)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_tests_use_no_private_name_of_the_project():
+    """A test reads what users and other modules read: no `from study.x import _name`, no `module._name`
+    on a project module (a private helper is made public, with a name that says what it holds)."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules_bound = set()  # local names bound to a project module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{path.name}:{node.lineno} imports {node.module}.{alias.name}")
+                    modules_bound.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] in PACKAGES:
+                        modules_bound.add((alias.asname or alias.name).split(".")[0])
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id not in ("self", "cls")):
+                continue
+            if node.value.id in modules_bound or node.attr in project_privates():
+                found.append(f"{path.name}:{node.lineno} reads {node.value.id}.{node.attr}")
+    assert not found, "\n".join(found)
+
+
+def project_privates() -> set[str]:
+    """The private names the project defines (functions, methods, attributes, module globals)."""
+    pattern = re.compile(r"^\s*(?:async\s+)?def (_[a-z]\w*)|self\.(_[a-z]\w*)\s*[:=]|^(_[a-z]\w*)\s*[:=]", re.M)
+    names = set()
+    for path in modules().values():
+        for match in pattern.finditer(path.read_text()):
+            names.add(next(g for g in match.groups() if g))
+    return names

@@ -63,18 +63,9 @@ def gpu_types(cfg: dict) -> dict:
 # --- 1. Ray's own validation ------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(LAUNCHER))
 def test_cluster_launcher_yaml_passes_rays_validation(name):
-    from ray.autoscaler._private import providers
-    from ray.autoscaler._private.util import prepare_config, validate_config
+    from study.ray_compat import cluster_config_validated
 
-    raw = load(LAUNCHER[name])
-    defaults_file = providers._DEFAULT_CONFIGS[raw["provider"]["type"]]()
-    if Path(defaults_file).exists():
-        config = prepare_config(raw)  # merges the installed ray's defaults.yaml; no cloud call
-    else:
-        # the ray wheel does not ship fake_multi_node/example.yaml (the defaults of fake_multinode),
-        # so local.yaml is complete by itself; the running autoscaler validates it as is too
-        config = raw
-    validate_config(config)
+    config = cluster_config_validated(load(LAUNCHER[name]))
     assert config["head_node_type"] == HEAD
     assert config["available_node_types"][HEAD]["resources"].get("GPU", 0) == 0, "the head has no GPU"
     for node_type in config["available_node_types"].values():
@@ -605,10 +596,10 @@ def test_local_autoscaling_rehearsal(tmp_path, s3):
 
     ray_tmp = tempfile.mkdtemp(prefix="rayf", dir="/tmp")  # short: Ray's socket paths are limited
     ports = head_ports()
-    import ray._private.services
+    from study.ray_compat import node_ip_address
 
     # the fake provider starts worker raylets against provider.gcs_address (default <ip>:6379)
-    local["provider"]["gcs_address"] = f"{ray._private.services.get_node_ip_address()}:{ports['port']}"
+    local["provider"]["gcs_address"] = f"{node_ip_address()}:{ports['port']}"
     config = Path(ray_tmp) / "local.yaml"
     config.write_text(yaml.safe_dump(local))
     env = {**ENV, **s3["env"], "PYTHONPATH": "", "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",

@@ -332,3 +332,14 @@ def test_generated_docs_tables_replace_their_own_block_only(tmp_path):
     assert text.startswith("# Page\n\nprose before\n") and "| old |" not in text
     assert text.count("<!-- generated: a -->") == 1 and text.index("| new |") < text.index("| other |")
     assert "x.yaml --seeds 3`" in text
+
+
+def test_benchmark_tables_name_what_differs_and_the_command_that_trains_them():
+    from benchmarks.coupling import command_line, differing
+
+    assert command_line(["a.yaml", "--from-json", "x.json", "y.json", "--docs", "d.md", "--seeds", "3"]) == \
+        ["a.yaml", "--seeds", "3"]
+    assert differing(["d=1,n=2", "d=1,n=2,init=t5", "d=1,n=3"]) == {"d=1,n=2": "n=2", "d=1,n=2,init=t5": "n=2,init=t5",
+                                                                      "d=1,n=3": "n=3"}
+    assert differing(["d=1", "d=1,init=t5"]) == {"d=1": "base", "d=1,init=t5": "init=t5"}
+    assert differing(["only"]) == {"only": "only"}

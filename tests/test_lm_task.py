@@ -72,10 +72,10 @@ def test_stdlib_corpus_loads_deterministically_and_splits_by_document():
     t0 = time.perf_counter()
     task = get_task("lm")  # the default: stdlib, max_bytes 8_000_000
     load_s = time.perf_counter() - t0
-    print(f"stdlib corpus: {task._split.total_bytes} bytes, {len(task.train_docs)} train / "
+    print(f"stdlib corpus: {task.split.total_bytes} bytes, {len(task.train_docs)} train / "
           f"{len(task.val_docs)} validation documents, loaded in {load_s:.3f} s")
     assert load_s < 5.0
-    split = task._split
+    split = task.split
     assert 0 < split.total_bytes <= 8_000_000
     assert len(task.train_docs) > 100 and len(task.val_docs) > 10
     assert not set(task.train_docs) & set(task.val_docs)
@@ -100,7 +100,7 @@ def test_stdlib_corpus_loads_deterministically_and_splits_by_document():
     assert np.array_equal(fresh.val_tokens, task.val_tokens)
     # A smaller cap keeps a prefix of the same sorted document order, within the cap.
     small = get_task("lm", max_bytes=300_000, train_length=16)
-    assert small._split.total_bytes == 300_000
+    assert small.split.total_bytes == 300_000
     small_names = sorted(small.train_docs + small.val_docs)
     assert small_names == sorted(names)[: len(small_names)]
     assert set(small.val_docs) <= set(task.val_docs) | {max(small_names)}  # the cut last doc aside
@@ -164,7 +164,7 @@ def test_jsonl_corpus(tmp_path):
 def test_max_bytes_caps_other_sources(tmp_path):
     docs = write_folder(tmp_path)
     task = get_task("lm", corpus=str(tmp_path), train_length=4, max_bytes=300, val_fraction=0.3)
-    assert task._split.total_bytes == 300
+    assert task.split.total_bytes == 300
     names = sorted(task.train_docs + task.val_docs)
     assert names == sorted(docs)[: len(names)] and len(names) < len(docs)
 

@@ -24,7 +24,7 @@ from conftest import bucket_keys, debian_package
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package (`pytest` alone omits the cwd)
-from benchmarks.postgres import (
+from benchmarks.postgres import (  # noqa: E402 (after the sys.path line above)
     PostgresUnavailable,
     ServerFailed,
     backend_uri,

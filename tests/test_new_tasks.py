@@ -111,7 +111,7 @@ def test_sort_outputs_a_sorted_permutation_of_the_input(length):
     batch = task.sample(200, rng(6), length=length)
     check_padding(task, batch)
     seen = set()
-    for (tokens, ids, loss, ans, prompt), answer, meta in zip(rows(task, batch), batch.answers, batch.meta):
+    for (tokens, ids, _loss, ans, prompt), answer, meta in zip(rows(task, batch), batch.answers, batch.meta):
         n = meta["length"]
         x, y = tokens[:n], tokens[n + 1 : 2 * n + 1]
         assert tokens[n] == "=" and tokens[-1] == "<eos>" and len(tokens) == 2 * n + 2

@@ -19,7 +19,7 @@ def test_the_version_checked_is_the_one_installed_or_the_tests_below_say_what_ch
 
 
 def test_the_restored_tuner_configs_are_the_ones_fit_reads(tmp_path):
-    """study/tuning.py sets a restored Tuner's max_concurrent_trials, reuse_actors, max_failures and
+    """study/experiment/tuning.py sets a restored Tuner's max_concurrent_trials, reuse_actors, max_failures and
     callbacks through these two objects."""
     from ray import tune
 

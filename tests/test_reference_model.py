@@ -136,9 +136,9 @@ def test_coupling_tables_count_the_runs_that_extrapolate_per_checkpoint():
 def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
     import pandas as pd
 
-    from study.report import summarize_seeds
-    from study.spec import StudySpec
-    from study.trial_record import extrapolation_metrics
+    from study.record.report import summarize_seeds
+    from study.record.trial_record import extrapolation_metrics
+    from study.spec.schema import StudySpec
 
     records = [{"length": n, "k": None, "ids": "coupled", "answer_acc": acc, "exact_match": acc,
                 "in_distribution": n == 8, "checkpoint": checkpoint}
@@ -160,7 +160,7 @@ def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
 
 
 def test_the_tracked_series_plot_has_a_panel_per_length_and_metric(tmp_path):
-    from benchmarks.coupling import plot_trajectory, trajectory
+    from benchmarks.trajectory import plot_trajectory, trajectory
 
     series = [{"spec": "s", "cell": cell, "seed": seed, "step": step, "track/len16/exact": step / 1000,
                "track/len16/loss": 1.0, "track/len16/margin": -1 + step / 1000, "track/len24/exact": 0.0,

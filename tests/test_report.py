@@ -20,9 +20,9 @@ from conftest import debian_package
 from scipy import stats
 from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
 
-from study.report import interval, results_frame, select, summarize_seeds
-from study.search import CellSearcher
-from study.spec import StudySpec
+from study.experiment.search import CellSearcher
+from study.record.report import interval, results_frame, select, summarize_seeds
+from study.spec.schema import StudySpec
 from trial.loop import summarize
 
 
@@ -262,7 +262,7 @@ def test_a_trial_stopped_early_is_counted_but_never_selected():
 def test_flat_length_metrics_stay_bounded_as_the_grid_grows():
     """A 40-length x 10-k grid gives at most 8 x 4 flat acc_at_len keys, the shortest and longest
     lengths and the smallest and largest k among them; the curves keep every cell."""
-    from study.trial_record import extrapolation_metrics
+    from study.record.trial_record import extrapolation_metrics
 
     records = [{"length": n, "k": k, "ids": "predicted", "answer_acc": 0.5, "exact_match": 0.5}
                for n in range(10, 410, 10) for k in range(1, 11)]

@@ -17,7 +17,7 @@ import yaml
 
 from study import run as run_cli
 from study import train as train_cli
-from study.preflight import load_yaml_mapping
+from study.spec.preflight import load_yaml_mapping
 from tasks import __main__ as tasks_cli
 from tasks import get_task
 from tasks.base import MAX_SYMBOLS

@@ -22,7 +22,7 @@ SECRET = "hunter2-s3cret"
 @pytest.fixture
 def no_study_starts(monkeypatch):
     """A tripwire in place of the study: reaching it means the input was not refused before Ray."""
-    from study import tuning
+    from study.experiment import tuning
 
     def tripwire(*args, **kwargs):
         raise AssertionError("the study started: the input was not refused")
@@ -45,9 +45,9 @@ def refused(argv: list[str], capsys, named: str) -> str:
 
 def tracker(tmp_path: Path, location: str, artifacts: str, uri: str | None = None):
     """A StudyTracker (no Ray needed to make one) of the smoke spec for a study at `location`."""
-    from study.identity import StudyIdentity
-    from study.spec import load_spec
-    from study.tracking import StudyTracker
+    from study.record.identity import StudyIdentity
+    from study.record.tracking import StudyTracker
+    from study.spec.schema import load_spec
 
     spec = load_spec(SMOKE)
     ident = StudyIdentity(f"{abs(hash((location, artifacts))):032x}", location, "2026-01-01T00:00:00+00:00",
@@ -71,8 +71,8 @@ def test_a_quote_in_the_study_location_finds_its_own_parent_again(tmp_path, fold
 
 # --- 2. identity never by name alone ---------------------------------------------------------------------
 def test_a_tracker_without_an_identity_never_adopts_another_studys_parent(tmp_path):
-    from study.spec import load_spec
-    from study.tracking import StudyTracker
+    from study.record.tracking import StudyTracker
+    from study.spec.schema import load_spec
 
     other = tracker(tmp_path, str(tmp_path / "a" / "smoke"), str(tmp_path / "a" / "mlartifacts" / "smoke"))
     other.client.set_terminated(other.parent_id, "FAILED")
@@ -162,7 +162,7 @@ def test_a_uri_with_harmless_options_and_a_user_name_is_accepted(tmp_path, capsy
 # --- 10a. databricks -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("uri", ["databricks", "databricks://my-profile", "Databricks"])
 def test_databricks_is_a_tracking_uri_not_a_file_store(uri, tmp_path, capsys, monkeypatch):
-    from study.preflight import check_mlflow_uri
+    from study.spec.preflight import check_mlflow_uri
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
@@ -238,8 +238,8 @@ def test_a_study_under_a_quoted_path_and_a_same_name_study_elsewhere_run_end_to_
 
 
 def test_resume_of_a_study_whose_experiment_was_deleted_is_refused(tmp_path, capsys, monkeypatch, no_study_starts):
-    from study import identity as ident
-    from study.spec import load_spec
+    from study.record import identity as ident
+    from study.spec.schema import load_spec
 
     monkeypatch.chdir(tmp_path)
     storage = tmp_path / "studies"

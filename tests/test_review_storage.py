@@ -17,7 +17,7 @@ import pytest
 from conftest import bucket_keys
 from test_study import ENV, ROOT, mlflow_runs, run, write_spec
 
-from study import snapshots
+from study.experiment import snapshots
 
 SESSION = "2026-01-02_03-04-05"
 STATE = f"experiment_state-{SESSION}.json"
@@ -83,8 +83,8 @@ def test_a_bucket_snapshot_record_naming_another_key_is_refused(s3):
 
 
 def test_resume_with_a_tampered_snapshot_exits_2_naming_the_file_and_changes_nothing(tmp_path):
-    from study import identity
-    from study.spec import load_spec
+    from study.record import identity
+    from study.spec.schema import load_spec
 
     spec = write_spec(tmp_path, name="tampered")
     storage = tmp_path / "studies"
@@ -110,14 +110,14 @@ def test_resume_with_a_tampered_snapshot_exits_2_naming_the_file_and_changes_not
 # --- 6. the driver lock: atomic takeover, liveness that containers sharing a host name do not fool --------
 KILLED_HOLDER = """
 import os, signal, sys
-from study.lock import driver_lock
+from study.record.lock import driver_lock
 with driver_lock(sys.argv[1]):
     print("holding", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # a driver killed: its lock stays behind
 """
 RACER = """
 import sys, time
-from study.lock import StudyLocked, driver_lock
+from study.record.lock import StudyLocked, driver_lock
 start = float(sys.argv[2])
 while time.time() < start:  # every racer tries at the same moment
     pass
@@ -186,13 +186,13 @@ def test_a_lock_whose_holder_cannot_be_seen_from_here_is_not_taken_over(where, h
     may be a live driver there. A holder this process cannot look up is taken to be alive."""
     import socket
 
-    from study.lock import StudyLocked, _me, driver_lock
+    from study.record.lock import StudyLocked, driver_lock, this_driver
     from trial import storage
 
     study_dir = str(tmp_path / "study") if where == "folder" else "s3://studies/unseen/study"
     if where == "bucket":
         request.getfixturevalue("s3")
-    record = {**_me(), "host": socket.gethostname(), "pid": a_dead_pid()}
+    record = {**this_driver(), "host": socket.gethostname(), "pid": a_dead_pid()}
     if holder.startswith("another container"):
         record["pid_ns"] = "pid:[1]"
     else:
@@ -204,7 +204,7 @@ def test_a_lock_whose_holder_cannot_be_seen_from_here_is_not_taken_over(where, h
             pytest.fail("took over the lock of a driver it cannot see")
     assert lock_bytes(study_dir) == data  # left as it was
 
-    record.update(_me(), pid=a_dead_pid())  # the same holder, seen from its own container: dead, taken over
+    record.update(this_driver(), pid=a_dead_pid())  # the same holder, seen from its own container: dead, taken over
     storage.write_atomic(storage.join(study_dir, "driver.lock"), json.dumps(record).encode())
     with driver_lock(study_dir):
         assert json.loads(lock_bytes(study_dir))["pid"] == os.getpid()

@@ -1,7 +1,7 @@
 """P6 (benchmarks/scale.py) end to end at a tiny size: a simulated 2-node Ray cluster, a 6-trial
 study through study/run.py, its driver killed at N/2 and resumed, the report; every figure the
 JSON promises is there and sane, and the resume reran no finished trial. And the rule P6 led to:
-events a resume can wait for share one snapshot (study/snapshots.py, SnapshotDue)."""
+events a resume can wait for share one snapshot (study/experiment/snapshots.py, SnapshotDue)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ KEYS = ["trials", "concurrency", "driver_wall_s", "study_wall_s", "trial_s_sum",
 
 
 def test_events_a_resume_can_wait_for_share_a_snapshot(monkeypatch):
-    from study import snapshots
+    from study.experiment import snapshots
 
     monkeypatch.setattr(snapshots, "COALESCE_S", 0.3)
     due = snapshots.SnapshotDue()

@@ -1,4 +1,4 @@
-"""Experiment snapshots on events (study/snapshots.py, which wraps a private Tune method): a real
+"""Experiment snapshots on events (study/experiment/snapshots.py, which wraps a private Tune method): a real
 Tune experiment on a real local Ray, storage in a folder and in a bucket (moto's S3 server).
 
 At every snapshot the listener reads the experiment back from storage with Tune's public
@@ -21,7 +21,7 @@ import ray
 from ray import tune
 from ray.tune import Callback, ExperimentAnalysis
 
-from study.snapshots import BACKSTOP_PERIOD_S, snapshots_on_events
+from study.experiment.snapshots import BACKSTOP_PERIOD_S, snapshots_on_events
 
 os.environ["TUNE_GLOBAL_CHECKPOINT_S"] = BACKSTOP_PERIOD_S
 storage, out = sys.argv[1], sys.argv[2]

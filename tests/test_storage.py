@@ -115,10 +115,10 @@ def test_resume_from_a_bucket_after_the_driver_is_killed(s3, tmp_path):
 def test_a_resume_starts_from_the_last_complete_snapshot(s3, tmp_path):
     """A snapshot's state files are uploaded one by one; one cut half-way (the driver killed, the
     bucket gone) leaves some new and some old. `--resume` puts back the last snapshot known complete
-    (study/snapshots.py): each file that differs, and no file of a later driver session."""
+    (study/experiment/snapshots.py): each file that differs, and no file of a later driver session."""
     from types import SimpleNamespace
 
-    from study import snapshots
+    from study.experiment import snapshots
 
     tune_dir, session, later = "s3://studies/torn/tune", "2026-01-01_00-00-00", "2026-01-01_00-00-05"
     names = [f"{kind}-{session}.{ext}" for kind, ext in

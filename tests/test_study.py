@@ -379,7 +379,7 @@ def test_two_worker_zero2_trial(tmp_path):
     assert results.trial_id.nunique() == 1 and len(results) == 6
     assert (results.n == 32).all()  # both workers' halves summed
     shards = sorted(p.name for p in (storage / "zero2" / "train").rglob("zero_pp_rank_*_optim_states.pt"))
-    # each of the two kept checkpoints (num_to_keep=2, study/tuning.py) holds both ranks' shards
+    # each of the two kept checkpoints (num_to_keep=2, study/experiment/tuning.py) holds both ranks' shards
     assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt"] * 2 + ["zero_pp_rank_1_mp_rank_00_optim_states.pt"] * 2
     # local means local, but for the one listener no API binds (NOT_BINDABLE): the workers' gloo
     # group is on loopback, rank 0's TCPStore on every interface

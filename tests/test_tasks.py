@@ -226,7 +226,7 @@ def test_variable_assignment_without_scratchpad():
     task = get_task("variable_assignment", scratchpad=False, train_length=8)
     batch = task.sample(200, rng(6), length=8, k=3)
     check_padding(task, batch)
-    for (tokens, ids, loss, ans, prompt), meta, answer in zip(rows(task, batch), batch.meta, batch.answers):
+    for (tokens, ids, _loss, ans, prompt), _meta, answer in zip(rows(task, batch), batch.meta, batch.answers):
         assignments, _, var = parse_program(tokens, 8)
         for _ in range(3):
             var = assignments[var]
@@ -263,7 +263,7 @@ def test_copy():
     task = get_task("copy", train_length=12)
     for batch in (task.sample(200, rng(7), length=30), task.sample(200, rng(8))):
         check_padding(task, batch)
-        for (tokens, ids, loss, ans, prompt), answer in zip(rows(task, batch), batch.answers):
+        for (tokens, ids, loss, ans, _prompt), answer in zip(rows(task, batch), batch.answers):
             n = (len(tokens) - 2) // 2
             assert tokens[n] == "=" and tokens[-1] == "<eos>"
             assert tokens[n + 1 : 2 * n + 1] == tokens[:n] and "".join(tokens[:n]) == answer
@@ -276,7 +276,7 @@ def test_addition():
     task = get_task("addition", train_length=6)
     for batch in (task.sample(300, rng(9), length=25), task.sample(300, rng(10))):
         check_padding(task, batch)
-        for (tokens, ids, loss, ans, prompt), answer, meta in zip(rows(task, batch), batch.answers, batch.meta):
+        for (tokens, ids, _loss, ans, prompt), answer, meta in zip(rows(task, batch), batch.answers, batch.meta):
             n = meta["length"]
             a, b = "".join(tokens[:n]), "".join(tokens[n + 1 : 2 * n + 1])
             assert tokens[n] == "+" and tokens[2 * n + 1] == "=" and tokens[-1] == "<eos>"
@@ -391,9 +391,11 @@ def next_token(name: str, prefix: list[str]) -> str:
         if j == len(a) + len(b):
             return "<eos>"
         w = len(str(9 * len(b) - 1))  # digits of the largest carry (below the sum of b's digits)
-        part = lambda p: sum(a[p - i] * b[i] for i in range(len(b)) if 0 <= p - i < len(a))
+        def part(p):
+            return sum(a[p - i] * b[i] for i in range(len(b)) if 0 <= p - i < len(a))
+
         # the w digits written below place j and their partial products fix the carry into it
-        low = sum(10 ** (w - l) * (part(j - l) - (c[j - l] if j >= l else 0)) for l in range(1, w + 1))
+        low = sum(10 ** (w - d) * (part(j - d) - (c[j - d] if j >= d else 0)) for d in range(1, w + 1))
         return str((part(j) - (-low // 10**w)) % 10)
     raise AssertionError(f"no reference for {name}")
 
@@ -531,7 +533,7 @@ def test_addition_with_operand_lengths_drawn_independently():
     batch = task.sample(400, rng(3))
     check_padding(task, batch)
     shorter = 0
-    for (tokens, ids, loss, ans, prompt), answer, meta in zip(rows(task, batch), batch.answers, batch.meta):
+    for (tokens, _ids, _loss, _ans, _prompt), answer, meta in zip(rows(task, batch), batch.answers, batch.meta):
         n = meta["length"]
         a, b = "".join(tokens[:n]), "".join(tokens[n + 1 : 2 * n + 1])
         assert int(a) + int(b) == int(answer) and len(answer) == n + 1

@@ -25,9 +25,9 @@ import yaml
 from benchmarks.postgres import free_port
 from study import run as run_cli
 from study import train as train_cli
-from study.spec import _flatten  # dotted path -> value of every leaf, as the spec flattens grids
-from tasks import __main__ as tasks_cli
+from study.spec.schema import flatten  # dotted path -> value of every leaf, as the spec flattens grids
 from tasks import TASKS
+from tasks import __main__ as tasks_cli
 from trial.config import load_trial_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def overridden(spec: dict) -> list[str]:
     paths = list(spec.get("grid", {}))
     for key, values in spec.get("grid", {}).items():
         for v in values:
-            paths += list(_flatten({key: v}))
+            paths += list(flatten({key: v}))
     search = spec.get("search")
     if isinstance(search, dict):
         paths += list(search.get("params", {}))
@@ -74,7 +74,7 @@ def overridden(spec: dict) -> list[str]:
 
 def free_base_paths(spec: dict) -> list[str]:
     taken = overridden(spec)
-    return [p for p in _flatten(spec.get("base", {}))
+    return [p for p in flatten(spec.get("base", {}))
             if not any(p == q or p.startswith(q + ".") or q.startswith(p + ".") for q in taken)]
 
 
@@ -119,7 +119,7 @@ def case_makers(raw: dict, name: str, cases: list[Case]):
 
 
 def base_value(spec: dict, path: str, default):
-    return _flatten(spec.get("base", {})).get(path, default)
+    return flatten(spec.get("base", {})).get(path, default)
 
 
 def study_cases(path: Path, rng: random.Random) -> list[Case]:
@@ -185,13 +185,15 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
     if is_free(raw, "positional.encoding"):
         bad("search-choice-encoding", "positional.encoding",
             lambda s: add_search(s, "positional.encoding", {"choice": ["learned", "bogus"]}))
-    grid_key = rng.choice(list(raw["grid"]))
-    bad("grid-and-search", grid_key,
-        lambda s: add_search(s, grid_key + rng.choice(["", ".sub"]), {"choice": [1]}))
-    bad("grid-duplicate", f"grid.{grid_key}", lambda s: s["grid"][grid_key].append(rng.choice(s["grid"][grid_key])))
-    bad("grid-seed", "grid.seed", lambda s: s["grid"].update(seed=[0, 1]))
+    if raw.get("grid"):  # a spec of one cell has none
+        grid_key = rng.choice(list(raw["grid"]))
+        bad("grid-and-search", grid_key,
+            lambda s: add_search(s, grid_key + rng.choice(["", ".sub"]), {"choice": [1]}))
+        bad("grid-duplicate", f"grid.{grid_key}", lambda s: s["grid"][grid_key].append(rng.choice(s["grid"][grid_key])))
+    bad("grid-seed", "grid.seed", lambda s: s.setdefault("grid", {}).update(seed=[0, 1]))
     bad("search-seed-param", "search.params.seed", lambda s: add_search(s, "seed", {"int": [0, 9]}))
-    bad("grid-deepspeed", "grid.deepspeed.zero_stage", lambda s: s["grid"].update({"deepspeed.zero_stage": [0, 3]}))
+    bad("grid-deepspeed", "grid.deepspeed.zero_stage",
+        lambda s: s.setdefault("grid", {}).update({"deepspeed.zero_stage": [0, 3]}))
     # one setting, two places
     res = raw.get("resources", {})
     bad("base-deepspeed-zero", "base.deepspeed.zero_stage",
@@ -235,7 +237,7 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
     good("search-int-warmup", lambda s: add_search(s, "optim.warmup_steps", {"int": [0, min(20, steps)]}))
     good("name", lambda s: s.update(name="".join(rng.choice("abcXYZ019-_.") for _ in range(100)).strip(".") or "x"))
     good("betas", lambda s: set_path(s["base"], "optim.betas", [0.0, 0.999]))
-    local_heads = max([v for p, v in _flatten(raw).items() if p.endswith("id_window_heads")] +
+    local_heads = max([v for p, v in flatten(raw).items() if p.endswith("id_window_heads")] +
                       [v.get("id_window_heads") or 0 for vs in raw.get("grid", {}).values() for v in vs
                        if isinstance(v, dict)] + [1])
     if is_free(raw, "model.n_heads"):
@@ -291,7 +293,7 @@ def trial_cases(path: Path, rng: random.Random) -> list[Case]:
     cases: list[Case] = []
     bad, good = case_makers(raw, name, cases)
 
-    numeric = [p for p, v in _flatten(raw).items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    numeric = [p for p, v in flatten(raw).items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     p = rng.choice(numeric)
     bad("non-finite", p, lambda c: set_path(c, p, rng.choice([INF, -INF, NAN])))
     steps = raw["optim"]["steps"]
@@ -527,7 +529,7 @@ def test_every_schema_field_is_named_by_a_case():
     and of StudySpec is what some bad case's error must name: a field whose validation regresses
     (a bound dropped, an error that names the wrong field) fails a case. Removing the only case of a
     field, or adding a field with none, fails here."""
-    from study.spec import StudySpec
+    from study.spec.schema import StudySpec
     from trial.config import TrialConfig
 
     trial_fields, study_fields = schema_fields(TrialConfig), schema_fields(StudySpec)
@@ -613,7 +615,7 @@ def test_out_into_a_missing_folder_is_refused_before_training(tmp_path, capsys):
 
 def test_int_search_distribution_is_usable():
     """The documented `int: [low, high]` (a field named `int` once shadowed the builtin)."""
-    from study.spec import Distribution
+    from study.spec.schema import Distribution
 
     assert Distribution.model_validate({"int": [5, 20]}).points() == [5, 20]
 
@@ -646,7 +648,7 @@ def test_real_processes_exit_2_without_a_traceback(tmp_path):
 
 
 # --- flags and environment: the same contract for what is around the spec ----------------------------
-# study/preflight.py. Every case runs study/run.py's `main` in-process without --dry-run (so the
+# study/spec/preflight.py. Every case runs study/run.py's `main` in-process without --dry-run (so the
 # network checks run too), with the study's start replaced by a tripwire: a flag that gets past the
 # checks fails the test at once instead of starting Ray. Cases come from the same seeded generator.
 SECRETS = ("AKIAEXAMPLEKEY0000000", "wJalrXUtnFEMI-not-a-real-secret", "hunter2-s3cret")
@@ -823,7 +825,7 @@ FLAG_CASES = flag_cases(RNG)
 @pytest.fixture
 def no_study_starts(monkeypatch):
     """A tripwire in place of the study: reaching it means a bad flag got through."""
-    from study import tuning
+    from study.experiment import tuning
 
     def tripwire(*args, **kwargs):
         raise AssertionError("the study started: the flags were not refused")
@@ -908,7 +910,7 @@ def test_storage_errors_do_not_echo_credentials():
 
 @pytest.mark.parametrize("spelling", ["local", "LOCAL", " Local ", "'local'", ""])
 def test_local_in_any_spelling_is_the_embedded_ray(spelling, monkeypatch):
-    from study.preflight import check_address, ray_address
+    from study.spec.preflight import check_address, ray_address
 
     assert ray_address(spelling) is None and check_address(spelling) is None
     monkeypatch.setenv("RAY_ADDRESS", spelling)

@@ -1,4 +1,4 @@
-"""Warm trial processes (`resources.warm_processes`, study/ray_trial.py's preload): a process that
+"""Warm trial processes (`resources.warm_processes`, study/experiment/ray_trial.py's preload): a process that
 already ran a trial takes the next one, and that changes nothing but the time. The smoke study run
 both ways gives the same metrics; the warm one ran its 4 trials in fewer processes than the fresh one's 4;
 every trial's start-up and step times are recorded (MLflow), and the study's share of wall time in

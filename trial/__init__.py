@@ -9,5 +9,5 @@
 - storage: folders and buckets, for a trial's checkpoints and a study's records (the bottom layer, so
   both levels use one implementation).
 
-May import: tasks, models. Imported by: analysis, study. Never imports Ray (study/ray_trial.py is the glue).
+May import: tasks, models. Imported by: analysis, study. Never imports Ray (study/experiment/ray_trial.py is the glue).
 """

@@ -28,7 +28,7 @@ class LossGapSpec(Strict):
     sparse_k: int = Field(4, ge=1, description="a token is 'sparse' when k tokens recover half its gap")
 
     @model_validator(mode="after")
-    def _fits(self) -> "LossGapSpec":
+    def _fits(self) -> LossGapSpec:
         if not self.short_context < self.long_context:
             raise ValueError(f"short_context: {self.short_context} must be below long_context {self.long_context}")
         if max(self.ks) > self.long_context - self.short_context:

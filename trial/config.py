@@ -80,7 +80,7 @@ class PositionalSpec(Strict):
     abacus: bool = Field(ModelConfig.abacus, description="add the Abacus embedding of digit places (McLeish 2024)")
 
     @model_validator(mode="after")
-    def _head_options_need_a_head(self) -> "PositionalSpec":
+    def _head_options_need_a_head(self) -> PositionalSpec:
         if self.position_target != "absolute" and not self.scheme.has_position_head:
             raise ValueError(f"position_target: {self.position_target!r} shapes PPC's position head, which only "
                              f"ids: predicted has (ids is {self.ids!r})")
@@ -122,7 +122,7 @@ class ModelSpec(Strict):
                                  description="readout tied to the token table (input scaled by d_model^-1/2)")
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelSpec":
+    def _heads_divide(self) -> ModelSpec:
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(f"n_heads: {self.n_heads} does not divide d_model {self.d_model} (or set model.head_dim)")
         return self
@@ -142,7 +142,7 @@ class OptimSpec(Strict):
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decay ends at lr x this")
 
     @model_validator(mode="after")
-    def _warmup_ends(self) -> "OptimSpec":
+    def _warmup_ends(self) -> OptimSpec:
         if self.warmup_steps > self.steps:  # the learning rate would never reach its peak
             raise ValueError(f"warmup_steps: {self.warmup_steps} is more than steps {self.steps}")
         return self
@@ -184,7 +184,7 @@ class EvalSpec(Strict):
                                       "the grid is scored for `best` and `last` (default: last only)")
 
     @model_validator(mode="after")
-    def _grid_is_bounded(self) -> "EvalSpec":
+    def _grid_is_bounded(self) -> EvalSpec:
         cells = len(self.lengths) * len(self.ks or [None])  # before the product is built
         if cells > MAX_EVAL_CELLS:
             raise ValueError(f"lengths: {len(self.lengths)} lengths x {len(self.ks or [None])} ks = {cells} evaluation "
@@ -258,7 +258,7 @@ class TrialConfig(Strict):
         return self.positional.scheme.largest_id(self.task_obj, length, k)
 
     @model_validator(mode="after")
-    def _check_task_and_grid(self) -> "TrialConfig":
+    def _check_task_and_grid(self) -> TrialConfig:
         try:
             task = self.task_obj
         except tasks.TaskParamError as e:

@@ -35,7 +35,7 @@ class Tensors:
     places: torch.Tensor | None = None  # Abacus: each token's digit place
 
     @classmethod
-    def of(cls, batch: Batch, ids: np.ndarray, device: torch.device) -> "Tensors":
+    def of(cls, batch: Batch, ids: np.ndarray, device: torch.device) -> Tensors:
         def t(a):
             return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 

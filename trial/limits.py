@@ -20,7 +20,7 @@ MAX_BATCH = 2**20  # sequences in one batch: beyond it the activations of any mo
 MAX_SAMPLES = 10**7  # sequences generated for one evaluation set (they are held in memory)
 MAX_STEPS = 10**9
 # A study's plan, checked from the factors' lengths before the grid's product is built. Cells: the
-# search seeds cell c's sampler with seed * 1000 + c (study/search.py): beyond 1,000 cells two search
+# search seeds cell c's sampler with seed * 1000 + c (study/experiment/search.py): beyond 1,000 cells two search
 # seeds would share samplers (and the largest would pass 32 bits); the scale benchmark (P6) runs 4.
 MAX_CELLS = 1_000
 MAX_TRIALS = 100_000  # cells x trials per cell (P6 measures up to 1,000)

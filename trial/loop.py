@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ Analysis = Callable[..., tuple[dict, dict]]
 class StageClock:
     """A trial's start-up, stage by stage (`startup/{stage}_s`), from entering the loop to the end
     of its first training step (`startup/total_s`). `startup/first_step_at` is that moment's wall
-    time: the driver adds the time from scheduling the trial to it (study/tracking.py)."""
+    time: the driver adds the time from scheduling the trial to it (study/record/tracking.py)."""
 
     def __init__(self):
         self.t = time.time()
@@ -167,7 +167,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         raise ValueError(f"{missing[0]}: no analysis of that name was handed to the training loop")
     import_deepspeed()  # before the process group is set up, as DeepSpeed expects
 
-    clock.lap("imports")  # in a warm process (study/ray_trial.py) these are done already
+    clock.lap("imports")  # in a warm process (study/experiment/ray_trial.py) these are done already
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world, device = setup_distributed()
     clock.lap("distributed")

@@ -2,7 +2,7 @@
 
 The loop calls `session.report(metrics, checkpoint_dir)` and asks `session.restore_dir()` for a
 checkpoint to resume from. In-process (`python -m study.train`) a `LocalSession` prints progress;
-under Ray (study/ray_trial.py) a session forwards to Ray Tune or Ray Train's report and checkpoint
+under Ray (study/experiment/ray_trial.py) a session forwards to Ray Tune or Ray Train's report and checkpoint
 APIs. The loop itself never imports Ray.
 """
 
@@ -12,8 +12,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist

@@ -17,8 +17,9 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable, TypeVar
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 import pyarrow.fs as pafs
@@ -28,7 +29,7 @@ SCHEMES = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}
 
 
 # How long a study waits for its storage when it stops answering (a bucket unreachable): the driver
-# stops the study after this long (exit 1, resumable; study/snapshots.py), and a trial waits longer for
+# stops the study after this long (exit 1, resumable; study/experiment/snapshots.py), and a trial waits longer for
 # its checkpoint (twice this plus 2 minutes), so that a study stops, it never fails a trial, for it.
 WAIT_S = float(os.environ.get("STUDY_STORAGE_WAIT_S", "300"))
 

@@ -6,7 +6,7 @@
   `file:line:column:`.
 - `describe_errors`: a pydantic ValidationError as one line per problem, each naming its field.
 
-Trial configs and study specs both read through here; study/preflight.py uses the alias check for the
+Trial configs and study specs both read through here; study/spec/preflight.py uses the alias check for the
 other files a command line names.
 """
 

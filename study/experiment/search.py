@@ -20,7 +20,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from study.spec import StudySpec
+from study.spec.schema import StudySpec
 
 
 class CellSearcher(Searcher):
@@ -97,7 +97,7 @@ class CellSearcher(Searcher):
             "selected_from": selected_from,
             "search_index": search_index,  # breaks a tie in objective and val_loss (ObjectiveSpec.rank)
             # with max_concurrent_trials Tune asks for a trial when a slot is free: the trial's
-            # start-up is measured from here (study/tracking.py, startup/from_schedule_s)
+            # start-up is measured from here (study/record/tracking.py, startup/from_schedule_s)
             "scheduled_at": time.time(),
         }
 
@@ -155,7 +155,7 @@ class CellASHA(FIFOScheduler):
 
     Time is counted in reports (`training_iteration`): one per `eval.every_steps` and the final one,
     `ceil(optim.steps / eval.every_steps)` in all, taken from the cell's own trial config (a grid may
-    vary either). A trial the scheduler stops keeps its last report; study/report.py counts it as
+    vary either). A trial the scheduler stops keeps its last report; study/record/report.py counts it as
     STOPPED and never selects it (it has no evaluation of the test grid)."""
 
     def __init__(self, metric: str, mode: str, grace_period: int, reduction_factor: int):

@@ -1,4 +1,4 @@
-"""The study's figures (matplotlib), from the report's tables (study/report.py).
+"""The study's figures (matplotlib), from the report's tables (study/record/report.py).
 
 - accuracy_vs_length.png: one panel per cell, the mean with its interval band against test length,
   a line per k_test, the train length marked;
@@ -7,14 +7,14 @@
 - sparsity_vs_extrapolation.png (specs with a `sparsity:` section): every trial's measured sparsity
   (median k, analysis/sparsity.py) against its accuracy (or loss) beyond the train length, the paper's
   thesis as one scatter;
-- a trial's own accuracy_vs_length.png, logged to its MLflow run (study/trial_record.py).
+- a trial's own accuracy_vs_length.png, logged to its MLflow run (study/record/trial_record.py).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from study.spec import StudySpec
+from study.spec.schema import StudySpec
 
 
 def _plt():
@@ -117,7 +117,7 @@ def plot_factor(spec: StudySpec, summary: pd.DataFrame, factor: str, path: str,
         members = [c for c in cells if rest[c] == panel]
         ks = [train_ks[c] for c in members if train_ks.get(c) is not None]
         k = min(ks) if ks else None
-        for i, cell in enumerate(members):
+        for _i, cell in enumerate(members):
             rows = summary[summary.cell == cell]
             rows = rows[rows.k == k] if k is not None and rows.k.notna().any() else rows[rows.k.isna()]
             if not rows.empty:

@@ -34,8 +34,8 @@ def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -
 def log_trial_plot(client, run_id: str, records: list[dict], trial_config: dict) -> None:
     import tempfile
 
-    from study.figures import plot_trial
-    from study.report import train_sizes
+    from study.record.figures import plot_trial
+    from study.record.report import train_sizes
 
     train_length, _ = train_sizes(trial_config["task"])
     with tempfile.TemporaryDirectory() as tmp:  # at the root: the compare view shows common artifacts

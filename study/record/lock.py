@@ -22,8 +22,8 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from trial import storage as store
 
@@ -51,7 +51,7 @@ def _kernel() -> dict:
     return {"boot_id": _read_text("/proc/sys/kernel/random/boot_id"), "pid_ns": pid_ns}
 
 
-def _me() -> dict:
+def this_driver() -> dict:
     import psutil
 
     return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time(),
@@ -101,7 +101,7 @@ def driver_lock(study_dir: str) -> Iterator[None]:
         with _folder_lock(study_dir, path):
             yield
         return
-    me = _me()
+    me = this_driver()
     data = json.dumps(me).encode()
     _take(study_dir, path, data)
     try:
@@ -144,7 +144,7 @@ def _folder_lock(study_dir: str, path: str) -> Iterator[None]:
         raise _refusal(study_dir, path, holder)
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        os.pwrite(fd, json.dumps(this_driver()).encode(), 0)
         yield
     finally:
         try:

@@ -25,11 +25,10 @@ with its reason) after one attempt.
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
-from typing import Iterator
-
 import math
 import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import ray.train
 import ray.tune
@@ -53,7 +52,7 @@ class _RaySession:
 
     def report(self, metrics: dict, checkpoint_dir: str | None = None) -> None:
         """The checkpoint's upload to the study's storage is tried again while the storage does not
-        answer, so that an outage stops the study (the driver decides, study/snapshots.py) and does
+        answer, so that an outage stops the study (the driver decides, study/experiment/snapshots.py) and does
         not fail the trial."""
         if not checkpoint_dir:
             self.api.report(metrics)
@@ -130,7 +129,7 @@ def _run(trial: dict, res: dict) -> None:
             storage_path=join(res["storage"], "train"),  # a folder or a bucket URI
             callbacks=[TuneReportCallback()],
             failure_config=FailureConfig(max_failures=0),  # Tune's retries only (the module's docstring)
-            checkpoint_config=CheckpointConfig(num_to_keep=2),  # see study/tuning.py
+            checkpoint_config=CheckpointConfig(num_to_keep=2),  # see study/experiment/tuning.py
         ),
     )
     trainer.fit()

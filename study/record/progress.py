@@ -7,7 +7,7 @@ import time
 
 from ray.tune import Callback
 
-from study.spec import StudySpec
+from study.spec.schema import StudySpec
 
 
 def _clock(seconds: float) -> str:

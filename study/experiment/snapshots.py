@@ -1,50 +1,9 @@
-"""Tune experiment snapshots on the events a resume depends on, not on every controller step.
-
-Tune (Ray 2.60) saves its experiment state (trial statuses, the searcher, the callbacks) and
-uploads the driver's staging folder to the study's storage from its controller loop, on a timer
-(`TUNE_GLOBAL_CHECKPOINT_S`); it has no event hook. On a timer a killed driver's restored state
-lags what MLflow already shows (a trial finished in MLflow, unknown or running for Tune, redone as
-a new trial: a duplicate run). With the timer at 0 (a snapshot every controller step, ~10 a
-second) the lag was small but the writes were not: ~150 MB per smoke study, ~15 GB per default
-study, a request storm on a bucket.
-
-What a resume needs durable is small: a trial completed or errored (its status), and a trial's new
-checkpoint (the state must name a checkpoint that still exists; with `num_to_keep=2` the one it
-named before is deleted at the next). So in any controller step in which one of these happened the
-controller snapshots and waits for the upload; the timer is only a backstop. The listener (the
-study's tracker) is told after each snapshot that is in storage: it marks a trial's MLflow run
-FINISHED only then, so "finished in MLflow" implies "terminated in the state a resume reads".
-
-Private API: this wraps `TuneController.checkpoint(force, wait)`, the one call through which the
-controller snapshots (its loop, and the final save in `ray.tune.tune.run`). Ray has no public way
-to snapshot on demand. tests/test_snapshots.py fails if the method, its arguments, or what a
-forced, waited snapshot leaves in storage change.
-
-A storage that stops answering (a bucket unreachable) is watched from the same wrap: a snapshot that
-cannot be read back, or a probe (a HEAD of the experiment state, when nothing was read back for
-PROBE_S), starts the clock; the trials wait for it (study/ray_trial.py), and once it has not answered for
-STUDY_STORAGE_WAIT_S the controller stops the study as Ctrl-C does.
-
-A snapshot is several objects (the trials' states, the searcher's, the callbacks'), uploaded one by
-one: a driver killed, or a storage gone, half-way through an upload leaves some new and some old,
-and a resume from those lost a trial (the searcher had handed out one the trial list lacks: the
-study never ended) or ran one too many. So once a snapshot is verified in storage, its state files
-are written again as one object, `last-complete-snapshot.json` (one PUT, whole or not at all), and
-only then is the listener told; `--resume` first puts those files back wherever storage differs from
-them (`restore_complete_snapshot`), and resumes from the last complete snapshot: every trial it
-records as finished is finished in MLflow too, and the others continue from the checkpoint it names.
-
-A snapshot writes every trial's state (and mark_complete writes it all again), so one per event costs
-O(trials) each and O(trials^2) over a study: at 300 near-zero trials, 0.55 s of the driver's time per
-trial, more than anything else it does, and growing with the trials (benchmarks/scale.py, P6). Events
-a resume can wait a little for share one snapshot, COALESCE_S (5 s, STUDY_SNAPSHOT_COALESCE_S) after
-the last one, or later while snapshots would take more than a tenth of the driver's time
-(`SnapshotDue`): a trial that ended (until a snapshot records it, a resume runs it again, and its
-MLflow run is not FINISHED yet) and a trial's first checkpoint (no state names an earlier one whose
-deletion could strand a resume). A checkpoint of a trial that had one before is due at once, as
-every event was before: the state may name the previous one, which the trial's next checkpoint
-deletes. A study whose events are further apart snapshots on each as before.
-"""
+"""Tune experiment snapshots on the events a resume depends on (a trial that ended, a trial's
+checkpoint), not on Tune's timer: `snapshots_on_events` wraps the controller's one snapshot call
+(private: study/ray_compat.py) so that a snapshot is taken, uploaded and read back when the
+SnapshotGate says one is due, and its followers are told only then. A verified snapshot is also
+written as one object (`last-complete-snapshot.json`), from which `--resume` starts. Why each part
+is as it is, with the measurements: docs/records.md, "Snapshots on events"."""
 
 from __future__ import annotations
 
@@ -56,10 +15,12 @@ import os
 import re
 import signal
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import pyarrow.fs as pafs
+from ray.tune import Callback
 
 from study import ray_compat
 from trial import storage as store
@@ -115,6 +76,38 @@ class SnapshotListener(Protocol):
 
     def on_snapshot(self) -> None:
         """Called after a snapshot that is in storage."""
+
+
+class SnapshotFollower(Protocol):
+    def snapshot_stored(self) -> None:
+        """A snapshot is in storage: what it records as terminated, a resume will not run again."""
+
+
+class SnapshotGate(Callback):
+    """The study's SnapshotListener: Tune's events a resume depends on (a trial that completed or
+    errored, a trial's checkpoint) make a snapshot due (SnapshotDue); each snapshot in storage is
+    passed on to the followers (the MLflow record marks a trial's run FINISHED only then)."""
+
+    def __init__(self, followers: list[SnapshotFollower] | tuple[SnapshotFollower, ...] = ()):
+        self.due = SnapshotDue()
+        self.followers = list(followers)
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        self.due.checkpoint(first=trial.checkpoint is None)  # Tune registers this one after the callbacks
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.due.soon()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.due.soon()
+
+    def snapshot_due(self) -> bool:
+        return self.due.now()
+
+    def on_snapshot(self) -> None:
+        self.due.taken()
+        for follower in self.followers:
+            follower.snapshot_stored()
 
 
 class StorageWatch:
@@ -260,7 +253,7 @@ def mark_complete(controller, watch: StorageWatch) -> bool:
     session = STATE_FILE.match(Path(staged).name)
     if session is None:
         raise RuntimeError(f"ray.tune's experiment state file {Path(staged).name} is not named as "
-                           "study/snapshots.py expects")
+                           "study/experiment/snapshots.py expects")
     files = {}
     for path in sorted(Path(staged).parent.iterdir()):
         match = STATE_FILE.match(path.name)

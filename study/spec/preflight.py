@@ -15,7 +15,7 @@ left behind (a probe folder made to test that a folder is writable is removed ag
 - `--cluster`: one YAML mapping with `available_node_types`, each a mapping with numeric resources.
 - A study on a cluster whose MLflow record is a SQLite file (the default) is warned, not refused:
   the file is beside the driver, on the head node, and goes away with it (`ephemeral_record`).
-- Any YAML read here or by `study.spec.load_spec`: aliases may not expand beyond MAX_YAML_EXPANSION
+- Any YAML read here or by `study.spec.schema.load_spec`: aliases may not expand beyond MAX_YAML_EXPANSION
   values (an alias bomb of a few hundred bytes would otherwise expand to billions).
 
 Nothing here imports Ray for the embedded case (its loopback switch must be set before that import).
@@ -266,7 +266,7 @@ def check_address(flag_value: str | None, network: bool = True) -> str | None:
         with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
             pass
     except OSError as e:
-        reason = "no answer within {:g} s".format(CONNECT_TIMEOUT_S) if isinstance(e, TimeoutError) \
+        reason = f"no answer within {CONNECT_TIMEOUT_S:g} s" if isinstance(e, TimeoutError) \
             else (e.strerror or str(e)).lower()
         return f"{flag}: {store.redact(address)}: no Ray cluster answers at {host}:{port} ({reason})"
     return None

@@ -10,14 +10,20 @@ import time
 import pandas as pd
 
 from study import ray_compat
-from study.identity import StudyIdentity, artifact_root
-from study.report import write_report
-from study.snapshots import BACKSTOP_PERIOD_S, UnsafeSnapshot, restore_complete_snapshot, snapshots_on_events
-from study.spec import StudySpec
-from study.tracking import RECORDING_ERRORS, StudyTracker, error_reason
+from study.experiment.snapshots import (
+    BACKSTOP_PERIOD_S,
+    SnapshotGate,
+    UnsafeSnapshot,
+    restore_complete_snapshot,
+    snapshots_on_events,
+)
+from study.record.identity import StudyIdentity, artifact_root
+from study.record.report import write_report
+from study.record.tracking import RECORDING_ERRORS, StudyTracker, error_reason
+from study.spec.schema import StudySpec
 from trial import storage as store
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def start_ray(address: str | None) -> None:
@@ -70,8 +76,8 @@ def run_study(
     `identity` ties the MLflow record to this study folder (None: a study made before study ids)."""
     from ray import tune
 
-    from study.progress import ProgressPrinter
-    from study.ray_trial import NoRetryOnDivergence, run_trial, trial_resources
+    from study.experiment.ray_trial import NoRetryOnDivergence, run_trial, trial_resources
+    from study.record.progress import ProgressPrinter
 
     if resume:  # before Ray starts or MLflow is touched: a refused snapshot leaves everything as it was
         _put_back_complete_snapshot(store.join(study_dir, "tune"))
@@ -79,19 +85,20 @@ def run_study(
     start_ray(address)
     terminated = stop_like_ctrl_c_on_sigterm()
     ray_started = time.time()
-    # the objective: a diverged trial's last report must carry it (study/ray_trial.py)
+    # the objective: a diverged trial's last report must carry it (study/experiment/ray_trial.py)
     resources = {**spec.resources.model_dump(), "storage": study_dir, "objective": spec.objective.metric}
     trainable = tune.with_resources(run_trial, trial_resources(resources))
     artifact_location = artifact_root(study_dir, tracking_uri, spec.name)  # the one run.py checked
     tracker = StudyTracker(spec, tracking_uri, artifact_location, identity)
     progress = ProgressPrinter(spec, len(spec.cells()) * spec.trials_per_cell)
-    callbacks = (tracker, progress, NoRetryOnDivergence())
+    gate = SnapshotGate(followers=[tracker])
+    callbacks = (gate, tracker, progress, NoRetryOnDivergence())
     try:
         if resume:
             tuner = _restored_tuner(spec, store.join(study_dir, "tune"), trainable, callbacks, max_concurrent, verbose)
         else:
             tuner = _new_tuner(spec, study_dir, trainable, resources, callbacks, max_concurrent, verbose)
-        grid = _fit(tuner, tracker)
+        grid = _fit(tuner, gate)
         # on Ctrl-C Tune stops the trials, saves the experiment and returns: what it returns then
         # holds trials that did not end (or fewer than planned); they must not read as a result
         planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, grid)
@@ -118,12 +125,12 @@ def _tune_settings() -> None:
     """Tune's and MLflow's settings a study needs (set unless the user set them)."""
     # one experiment snapshot per checkpoint is what resume needs; don't warn about it
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    # snapshots on the events a resume needs, not on a timer (study/snapshots.py)
+    # snapshots on the events a resume needs, not on a timer (study/experiment/snapshots.py)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", BACKSTOP_PERIOD_S)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic table, with the columns we choose
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard; JSON/CSV below
     # a tracking server that is down fails a call in seconds (MLflow's default retries take minutes,
-    # all of them inside Tune's loop): the tracker holds the event and tries again (study/tracking.py)
+    # all of them inside Tune's loop): the tracker holds the event and tries again (study/record/tracking.py)
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 
 
@@ -158,7 +165,7 @@ def _new_tuner(spec: StudySpec, study_dir: str, trainable, resources: dict, call
             # storage anymore", seen in tests/test_storage.py)
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             callbacks=[*callbacks, JsonLoggerCallback(), CSVLoggerCallback()],
-            verbose=1 if verbose else 0,  # Tune's status tables; our own lines: study/progress.py
+            verbose=1 if verbose else 0,  # Tune's status tables; our own lines: study/record/progress.py
             progress_reporter=tune.CLIReporter(
                 metric_columns={"step": "step", spec.objective.metric: spec.objective.metric,
                                 "acc_beyond": "acc_beyond"},
@@ -173,7 +180,7 @@ def _new_tuner(spec: StudySpec, study_dir: str, trainable, resources: dict, call
 def _restored_tuner(spec: StudySpec, tune_dir: str, trainable, callbacks: tuple, max_concurrent: int | None,
                     verbose: bool):
     """The study's Tuner from its last complete snapshot (put back by run_study), with this run's
-    callbacks and the resumable changes of study/identity.py applied (nothing else)."""
+    callbacks and the resumable changes of study/record/identity.py applied (nothing else)."""
     from ray import tune
 
     # a failed trial stays failed: it ran out of retries (resources.max_failures), and a
@@ -203,15 +210,15 @@ def _put_back_complete_snapshot(tune_dir: str) -> None:
         print(f"error: --resume: {e}; nothing was written. Restore that object from a backup, or start a "
               "new study", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    if torn:  # a driver stopped half-way through uploading a snapshot (study/snapshots.py)
+    if torn:  # a driver stopped half-way through uploading a snapshot (study/experiment/snapshots.py)
         print(f"note: the last snapshot in storage was incomplete; resuming from the last complete "
               f"one ({', '.join(torn)} put back)", flush=True)
 
 
-def _fit(tuner, tracker: StudyTracker):
-    """tuner.fit() with snapshots on events; a storage that stopped answering ends it as
+def _fit(tuner, gate: SnapshotGate):
+    """tuner.fit() with snapshots on the gate's events; a storage that stopped answering ends it as
     StorageUnreachable (the trials that did not end continue on --resume)."""
-    with snapshots_on_events(tracker) as watch:
+    with snapshots_on_events(gate) as watch:
         try:
             grid = tuner.fit()
         except BaseException:  # stopped for the storage, Tune's last read of it fails too
@@ -234,7 +241,7 @@ def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], grid
         remote = store.is_uri(study_dir)
         selected, summary, files = write_report(spec, trials, tmp if remote else study_dir)
         if remote:  # each object whole; the marker (report.json) last, as in a folder
-            for key, path in sorted(files.items(), key=lambda kv: kv[0] == "marker"):
+            for _key, path in sorted(files.items(), key=lambda kv: kv[0] == "marker"):
                 _upload(path, store.join(study_dir, os.path.basename(path)))
         unrecorded = None
         try:
@@ -299,7 +306,7 @@ def stop_like_ctrl_c_on_sigterm() -> list[int]:
 def build_search(spec: StudySpec, resources: dict):
     """The study's searcher and scheduler (None: FIFO). `--dry-run` builds them too, so a spec
     whose scheduler cannot be built fails there, not on the cluster."""
-    from study.search import CellASHA, CellSearcher
+    from study.experiment.search import CellASHA, CellSearcher
 
     scheduler = (CellASHA(spec.objective.metric, spec.objective.mode, spec.scheduler.grace_period,
                           spec.scheduler.reduction_factor) if spec.scheduler.type == "asha" else None)
@@ -321,7 +328,7 @@ def time_in_steps(trials: list[dict], wall_s: float, slots: int | None) -> dict[
 
 def _replicas_not_run(spec: StudySpec, grid) -> int:
     """Replicas a searched cell never hands out: every one of its search trials failed, so no
-    config was selected (study/search.py)."""
+    config was selected (study/experiment/search.py)."""
     if spec.search is None or spec.replicas == 1:
         return 0
     search_ok: dict[int, bool] = {c.index: False for c in spec.cells()}

@@ -4,7 +4,7 @@ A study is its folder (`<storage>/<name>`), made once, not its name: two storage
 deleted and made again, hold different studies under one name, and one MLflow store (every bucket
 study shares `./studies/mlflow.db` by default) records them all. `<study>/study.json` holds the
 study's id, where it lives and the spec it started with. The study's MLflow parent run carries the
-id as a tag (study/tracking.py), so a study only ever reads, tags or deletes its own runs; a study
+id as a tag (study/record/tracking.py), so a study only ever reads, tags or deletes its own runs; a study
 folder without a readable study.json is refused, never matched by name. `--resume` reads the id
 back, and refuses a spec that differs from the stored one in anything but the fields a resume
 applies without changing a result (`RESUMABLE_CHANGES`).
@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from study.spec import StudySpec, flatten
+from study.spec.schema import StudySpec, flatten
 from trial import storage as store
 
 FILE = "study.json"
@@ -124,7 +124,7 @@ def find_runs(client, experiment_ids: list[str], tags: dict[str, str], max_resul
 
 
 def artifact_root(study_dir: str, tracking_uri: str, name: str) -> str | None:
-    """Where a study's MLflow artifacts go (what study/tuning.py gives the tracker): beside the
+    """Where a study's MLflow artifacts go (what study/experiment/tuning.py gives the tracker): beside the
     study in its storage for a SQLite store; None where a tracking server decides."""
     import os
 
@@ -156,7 +156,7 @@ def study_experiment(client, spec: StudySpec, artifact_location: str | None, ide
     from mlflow.entities import ViewType
 
     name = spec.name
-    # a spec's name holds no quote (study/spec.py): it has a literal
+    # a spec's name holds no quote (study/spec/schema.py): it has a literal
     known = {e.experiment_id: e for e in client.search_experiments(
         ViewType.ALL, filter_string=f"tags.`{NAME_TAG}` = {literal(name)}")}
     first = client.get_experiment_by_name(name)

@@ -53,7 +53,7 @@ class Distribution(Strict):
     choice: list[Any] | None = None
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Distribution":
+    def _one_kind(self) -> Distribution:
         given = [k for k in KINDS if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of loguniform, uniform, int, choice (got {given or 'none'})")
@@ -101,7 +101,7 @@ class ObjectiveSpec(Strict):
     extrapolation: bool = Field(False, description="allow selecting on beyond-train-length metrics")
 
     @model_validator(mode="after")
-    def _in_distribution_by_default(self) -> "ObjectiveSpec":
+    def _in_distribution_by_default(self) -> ObjectiveSpec:
         if self.metric in EXTRAPOLATION_METRICS and not self.extrapolation:
             raise ValueError(
                 f"metric: {self.metric!r} is an extrapolation metric; selecting on it needs "
@@ -138,7 +138,7 @@ class ResourcesSpec(Strict):
                                  "imports and process group are ready); false: a fresh process per trial")
 
     @model_validator(mode="after")
-    def _ray_accepts(self) -> "ResourcesSpec":
+    def _ray_accepts(self) -> ResourcesSpec:
         gpus = self.gpus_per_worker
         if (gpus > 1 and not float(gpus).is_integer()) or 0 < gpus < 0.0001:
             raise ValueError(
@@ -207,7 +207,7 @@ class StudySpec(Strict):
         return grid
 
     @model_validator(mode="after")
-    def _every_point_is_a_valid_trial(self) -> "StudySpec":
+    def _every_point_is_a_valid_trial(self) -> StudySpec:
         if self.scheduler.type == "asha" and self.search is None and self.replicas == 1:
             raise ValueError("scheduler.type: asha needs several trials per cell to compare")
         if self.scheduler.type == "asha" and self.search is not None:
@@ -247,11 +247,11 @@ class StudySpec(Strict):
             if root == "deepspeed":
                 raise ValueError(f"{where}.{path}: ZeRO stage and bf16 are resources.zero_stage and "
                                  "resources.bf16, one for the whole study")
-        fixed = {f"base.{k}": k for k in _flatten(self.base)}
-        fixed.update({f"task.params.{k}": f"task.params.{k}" for k in _flatten(self.task.params)})
+        fixed = {f"base.{k}": k for k in flatten(self.base)}
+        fixed.update({f"task.params.{k}": f"task.params.{k}" for k in flatten(self.task.params)})
         for where, path in paths:  # a fixed value a factor or the search would silently replace
             values = self.grid[path] if where == "grid" else [None]
-            leaves = {path} | {lp for v in values if isinstance(v, dict) for lp in _flatten(v, path + ".")}
+            leaves = {path} | {lp for v in values if isinstance(v, dict) for lp in flatten(v, path + ".")}
             for name, fixed_path in fixed.items():
                 if fixed_path in leaves or fixed_path.startswith(path + ".") and where != "grid":
                     raise ValueError(f"{name}: also set by {where}.{path}, which would replace it; set it "
@@ -261,7 +261,7 @@ class StudySpec(Strict):
                 raise ValueError(f"{w2}.{p2}: also set by {w1}.{p1}; a setting is either a factor "
                                  "(grid) or searched, once")
 
-    def _check_trial(self, cell: "Cell", point: dict[str, Any], blame: str | None) -> None:
+    def _check_trial(self, cell: Cell, point: dict[str, Any], blame: str | None) -> None:
         """Validate the trial config of one cell at one search point; errors name the field, the
         cell and, for a searched value, the search parameter that produced it."""
         where = f" (cell {cell.label})" if cell.factors else ""
@@ -275,7 +275,7 @@ class StudySpec(Strict):
             cfg = TrialConfig.model_validate(self.trial_config(cell, point, self.seed))
         except ValidationError as e:
             raise ValueError(prefix + "; ".join(describe_errors(e).splitlines()) + where) from None
-        for path, value in point.items():
+        for path, _value in point.items():
             dist = self.search.params[path]
             if dist.kind in ("uniform", "loguniform") and isinstance(_get_path(cfg, path), int):
                 raise ValueError(f"search.params.{path}: {dist.kind} draws real numbers but {path} is an "
@@ -307,7 +307,7 @@ class StudySpec(Strict):
         for i, values in enumerate(itertools.product(*(self.grid[p] for p in paths))):
             factors: dict[str, Any] = {}
             for path, value in zip(paths, values):
-                factors.update(_flatten({path: value}))
+                factors.update(flatten({path: value}))
             cells.append(Cell(i, factors))
         return cells
 
@@ -331,18 +331,18 @@ class StudySpec(Strict):
         return cfg
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out = {}
     for key, value in d.items():
         path = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            out.update(_flatten(value, path + "."))
+            out.update(flatten(value, path + "."))
         else:
             out[path] = value
     return out
 
 
-flatten = _flatten  # dotted leaf path -> value; also what a resume compares (study/identity.py)
+flatten = flatten  # dotted leaf path -> value; also what a resume compares (study/record/identity.py)
 
 
 def _points(params: dict[str, Distribution]):
@@ -396,4 +396,4 @@ def load_spec(path: str) -> StudySpec:
 
 def flat_params(trial_config: dict) -> dict[str, Any]:
     """Readable flat parameter names for MLflow and results.csv (task.params.train_k, optim.lr...)."""
-    return {k: v for k, v in _flatten(trial_config).items() if not re.match(r"eval\.", k)}
+    return {k: v for k, v in flatten(trial_config).items() if not re.match(r"eval\.", k)}

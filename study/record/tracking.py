@@ -28,11 +28,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from study.identity import PARENT_TAG, StudyIdentity, find_runs, literal, study_experiment
-from study.snapshots import SnapshotDue
-from study.spec import StudySpec, flat_params
-from study.trial_record import extrapolation_metrics, is_metric, log_final_artifacts
-from trial.storage import first_line as _first_line, uri_of
+from study.record.identity import PARENT_TAG, StudyIdentity, find_runs, literal, study_experiment
+from study.record.trial_record import extrapolation_metrics, is_metric, log_final_artifacts
+from study.spec.schema import StudySpec, flat_params
+from trial.storage import first_line as _first_line
+from trial.storage import uri_of
 
 TRIAL_TAG = "tune.trial_id"
 
@@ -75,7 +75,7 @@ def source_tags() -> dict[str, str]:
     that did not produce it)."""
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     tags = {"mlflow.source.name": "study/run.py", "mlflow.source.type": "LOCAL"}
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -98,10 +98,10 @@ def runs_link(tracking_uri: str, experiment_id: str) -> str:
 
 
 class StudyTracker(Callback):
-    """The study's MLflow record. Its parent run is found by the study's identity (study/identity.py),
+    """The study's MLflow record. Its parent run is found by the study's identity (study/record/identity.py),
     never by name alone, and every child is looked up under that parent: a study never reads, tags,
     deletes or overwrites another study's runs, though several may share an experiment (one per
-    artifact location: study/identity.py's study_experiment). Without an `identity` nothing is
+    artifact location: study/record/identity.py's study_experiment). Without an `identity` nothing is
     looked up: the study gets a parent run of its own."""
 
     def __init__(self, spec: StudySpec, tracking_uri: str, artifact_location: str | None = None,
@@ -139,9 +139,8 @@ class StudyTracker(Callback):
         # MLflow's record and Tune's): their record is complete and is left exactly as it is
         self.sealed: set[str] = set()
         self.cells = {c.index: c for c in spec.cells()}
-        # study/snapshots.py: runs of completed trials wait here until Tune's state says so in storage
+        # runs of completed trials wait here until a snapshot in storage says so (snapshot_stored)
         self.finishing: list[str] = []
-        self.due = SnapshotDue()
         self.session_start = time.time()
         self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
         self.backlog: collections.deque = collections.deque()  # hooks MLflow has not taken yet
@@ -270,22 +269,14 @@ class StudyTracker(Callback):
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
 
-    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
-        self.due.checkpoint(first=trial.checkpoint is None)  # Tune registers this one after the callbacks
-        self._checkpointed(trial, checkpoint)
-
     @deferrable
-    def _checkpointed(self, trial, checkpoint):
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         run_id = self._child(trial)
         if run_id not in self.sealed:  # `python -m study.loss_gap --mlflow-run` finds the model here
             self.client.set_tag(run_id, "checkpoint", uri_of(checkpoint.filesystem, checkpoint.path))
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        self.due.soon()  # whether MLflow answers or not: the next snapshot must record it
-        self._complete(trial)
-
     @deferrable
-    def _complete(self, trial):
+    def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._child(trial)
         if run_id not in self.sealed:  # FINISHED once the snapshot saying so is in storage
             last = trial.last_result or {}
@@ -293,28 +284,16 @@ class StudyTracker(Callback):
                 self.client.set_tag(run_id, "stopped", f"by the scheduler at step {last.get('step', '?')}")
             self.finishing.append(run_id)
 
-    # --- study/snapshots.py's listener ------------------------------------------------------
-    def snapshot_due(self) -> bool:
-        return self.due.now()
-
-    def on_snapshot(self) -> None:
-        self.due.taken()
-        self._snapshot_taken()
-
     @deferrable
-    def _snapshot_taken(self) -> None:
-        # the runs of trials completed before this snapshot (a backlog is recorded in order: their
-        # completion is in `finishing` by now)
+    def snapshot_stored(self) -> None:
+        """study/experiment/snapshots.py's SnapshotGate: a snapshot is in storage. The runs of trials completed
+        before it are FINISHED (a backlog is recorded in order: their completion is in `finishing`)."""
         while self.finishing:
             self.client.set_terminated(self.finishing[0], "FINISHED")
             self.finishing.pop(0)
 
-    def on_trial_error(self, iteration, trials, trial, **info):
-        self.due.soon()
-        self._failed(trial)
-
     @deferrable
-    def _failed(self, trial):
+    def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self._child(trial)
         reason = ""
         if trial.error_file and os.path.exists(trial.error_file):  # written locally before this call

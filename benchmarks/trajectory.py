@@ -1,0 +1,51 @@
+"""The series a trial tracks while training (eval.track: exact match, loss and attention margin at
+longer lengths; eval.select: the selection loss), as a table and a figure, from
+`python -m benchmarks.coupling`'s runs."""
+
+from __future__ import annotations
+
+
+def trajectory(series, every: int = 1) -> str:
+    """The tracked series of each cell (eval.track: teacher-forced exact match and attention margin at
+    longer lengths; eval.select: the selection loss), mean over seeds, a row per `every`-th report."""
+    import pandas as pd
+
+    frame = pd.DataFrame(series)
+    columns = [c for c in frame.columns if c.startswith(("track/", "select/"))]
+    out = []
+    for cell, group in frame.groupby("cell", sort=False):
+        means = group.groupby("step")[columns].mean()
+        out.append(f"\n{cell}\n" + means.iloc[::every].round(3).to_string())
+    return "\n".join(out)
+
+
+def plot_trajectory(series, path: str) -> str:
+    """The tracked series against training steps, a column per tracked length: exact match, loss and
+    the attention margin (trained-distance keys over untrained ones); a line per cell, mean over
+    seeds with the seeds' range shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    frame = pd.DataFrame(series)
+    lengths = sorted({int(c.split("/")[1][3:]) for c in frame.columns if c.startswith("track/len")})
+    fig, axes = plt.subplots(3, len(lengths), figsize=(4.5 * len(lengths), 8.5), squeeze=False, sharex=True)
+    for i, n in enumerate(lengths):
+        rows = (("exact", f"exact match at {n}"), ("loss", f"loss at {n}"), ("margin", f"margin at {n}"))
+        for row, (metric, label) in enumerate(rows):
+            ax, column = axes[row][i], f"track/len{n}/{metric}"
+            for cell, group in frame.groupby("cell", sort=False):
+                stats = group.groupby("step")[column].agg(["mean", "min", "max"])
+                line, = ax.plot(stats.index, stats["mean"], label=cell if len(cell) < 60 else cell[-60:])
+                ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.15)
+            ax.set_ylabel(label)
+            if metric == "margin":
+                ax.axhline(0, color="grey", lw=0.8, ls=":")
+                ax.set_xlabel("training step")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
