@@ -169,7 +169,7 @@ def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None,
                     trial["positional"] = {**pos, "max_position": need + 1}
             TrialConfig.model_validate(trial)  # anything else wrong fails here, naming the field
             jobs.append({"spec": spec.name, "cell": cell.label, "factors": cell.factors, "trial": trial})
-    train_length = TrialConfig.model_validate(jobs[0]["trial"]).task_obj.train_length
+    train_length = TrialConfig.model_validate(jobs[0]["trial"]).task_instance.train_length
     return jobs, train_length
 
 

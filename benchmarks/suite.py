@@ -395,7 +395,7 @@ def p4_generation_and_data(repeats: int = 5, configs: tuple[str, ...] | None = N
     # generation: addition with coupled ids writes as many digits as it reads
     cfg = TrialConfig.model_validate(yaml.safe_load((ROOT / "search_spaces/trials/addition_coupled.yaml").read_text()))
     cfg = cfg.model_copy(update={"positional": cfg.positional.model_copy(update={"max_position": 256})})
-    task = cfg.task_obj
+    task = cfg.task_instance
     model = cfg.build_model(len(task.vocab)).eval()
     for factor in (1, 2, 4):
         n = task.train_length * factor
@@ -421,7 +421,7 @@ def p4_generation_and_data(repeats: int = 5, configs: tuple[str, ...] | None = N
         if configs is not None and path.stem not in configs:
             continue
         cfg = TrialConfig.model_validate(yaml.safe_load(path.read_text()))
-        task = cfg.task_obj
+        task = cfg.task_instance
         model = cfg.build_model(len(task.vocab))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         pos = cfg.positional

@@ -168,7 +168,7 @@ def local_shortfall(spec: StudySpec) -> str | None:
     return None
 
 
-class Exit(Exception):
+class StudyExit(Exception):
     """Stop main with this exit code, after printing `message` (an `error: ...` line) to stderr."""
 
     def __init__(self, code: int, message: str | None = None):
@@ -179,15 +179,15 @@ class Exit(Exception):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return _main(args)
-    except Exit as e:
+        return run_study(args)
+    except StudyExit as e:
         if e.message:
             print(e.message, file=sys.stderr)
         return e.code
 
 
-def _main(args) -> int:
-    from study.spec.schema import preflight
+def run_study(args) -> int:
+    from study.spec import preflight
     from trial import storage as store
 
     spec = _checked_spec(args)
@@ -200,12 +200,13 @@ def _main(args) -> int:
         return _dry_run(args, spec, concurrency)
     stored = _checked_study_folder(args, spec, storage, study_dir, address)
     if not address:
-        from trial.session import StaleBuildLock, check_build_locks
+        from trial.session import StaleBuildLock, check_build_locks, pin_extension_builds
 
+        pin_extension_builds()  # the trials' build folder and ninja, inherited by the embedded Ray
         try:  # the trials would hang on it (on a cluster each trial checks its own node)
             check_build_locks()
         except StaleBuildLock as e:
-            raise Exit(1, f"error: {e}") from None
+            raise StudyExit(1, f"error: {e}") from None
         os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
     tracking_uri = _tracking_uri(args, storage, study_dir)
     experiment = _checked_record(spec, study_dir, tracking_uri, stored)
@@ -227,17 +228,17 @@ def _main(args) -> int:
 
 def _checked_spec(args) -> StudySpec:
     """The flags, the environment and the spec, checked before anything is read or written."""
-    from study.spec.schema import preflight
+    from study.spec import preflight
     from trial.yaml_io import InputFileError, describe_errors
 
     problem = preflight.check_flags(args)
     if problem:
-        raise Exit(EXIT_BAD_INPUT, f"error: {problem}")
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {problem}")
     try:
         return load_spec(args.space)
     except (OSError, ValueError) as e:  # checked before anything is written under --storage
         where = "" if isinstance(e, InputFileError) else f"{args.space}: "  # it names file:line:col
-        raise Exit(EXIT_BAD_INPUT, f"error: {where}{describe_errors(e)}") from None
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {where}{describe_errors(e)}") from None
 
 
 def _dry_run(args, spec: StudySpec, concurrency: int | None) -> int:
@@ -249,7 +250,7 @@ def _dry_run(args, spec: StudySpec, concurrency: int | None) -> int:
         try:
             lines[5:5] = placement_lines(spec, args.cluster, concurrency)
         except OSError as e:
-            raise Exit(EXIT_BAD_INPUT, f"error: --cluster: {e}") from None
+            raise StudyExit(EXIT_BAD_INPUT, f"error: --cluster: {e}") from None
     print("\n".join(lines))
     return 0
 
@@ -262,30 +263,30 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
 
     shortfall = None if address else local_shortfall(spec)
     if shortfall:
-        raise Exit(EXIT_BAD_INPUT, f"error: {args.space}: {shortfall}")
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {args.space}: {shortfall}")
     try:  # an unreachable or unauthorised bucket stops here, before any trial (a folder: made later)
         if store.is_uri(storage):
             store.check_writable(storage)
         found = store.exists(store.join(study_dir, "tune"))
     except store.StorageError as e:
-        raise Exit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
+        raise StudyExit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
     if found and not args.resume:
-        raise Exit(EXIT_BAD_INPUT, f"error: study {spec.name!r} already exists in {study_dir}; pass --resume to "
+        raise StudyExit(EXIT_BAD_INPUT, f"error: study {spec.name!r} already exists in {study_dir}; pass --resume to "
                                    "continue it, or choose another --storage or name")
     if args.resume and not found:
-        raise Exit(EXIT_BAD_INPUT, f"error: --resume: no study {spec.name!r} in {study_dir}")
+        raise StudyExit(EXIT_BAD_INPUT, f"error: --resume: no study {spec.name!r} in {study_dir}")
     _check_lock_file(study_dir)
     if not args.resume:
         return None
     try:  # no study.json (or a corrupt one): refused, never matched to a record by name
         stored = ident.read(study_dir, spec.name)
     except ident.StudyFileError as e:
-        raise Exit(EXIT_BAD_INPUT, f"error: --resume: {e}") from None
+        raise StudyExit(EXIT_BAD_INPUT, f"error: --resume: {e}") from None
     except store.StorageError as e:
-        raise Exit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
+        raise StudyExit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
     changed = ident.changed_fields(stored.spec, spec)  # the restored search holds the stored spec
     if changed:
-        raise Exit(EXIT_BAD_INPUT, f"error: --resume: {args.space} differs from the spec study {spec.name!r} "
+        raise StudyExit(EXIT_BAD_INPUT, f"error: --resume: {args.space} differs from the spec study {spec.name!r} "
                    f"started with ({store.join(study_dir, ident.FILE)}) in: {', '.join(changed)}. A resume "
                    f"may change only {', '.join(ident.RESUMABLE_CHANGES)}; for anything else start a new "
                    "study (another name or --storage)")
@@ -306,9 +307,9 @@ def _check_lock_file(study_dir: str) -> None:
         if raw and not isinstance(json.loads(raw.decode("utf-8")), dict):
             raise ValueError("not a JSON object")
     except store.StorageError as e:
-        raise Exit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
+        raise StudyExit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise Exit(EXIT_BAD_INPUT, f"error: {store.redact(path)}: not a driver lock ({' '.join(str(e).split())[:120]}); "
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {store.redact(path)}: not a driver lock ({' '.join(str(e).split())[:120]}); "
                    "nothing was changed. If no driver runs this study, delete the file and run again") from None
 
 
@@ -324,7 +325,7 @@ def _checked_record(spec: StudySpec, study_dir: str, tracking_uri: str, stored) 
         return ident.study_experiment(MlflowClient(tracking_uri), spec, ident.artifact_root(
             study_dir, tracking_uri, spec.name), stored)[1]
     except ident.RecordRefused as e:
-        raise Exit(EXIT_BAD_INPUT, f"error: mlflow: {e}") from None
+        raise StudyExit(EXIT_BAD_INPUT, f"error: mlflow: {e}") from None
     except (MlflowException, OSError):  # not answering now: the tracker waits for it (study/record/tracking.py)
         return None
     except Exception as e:  # a SQLite store on a full disk raises neither: say so, as a study does
@@ -333,7 +334,7 @@ def _checked_record(spec: StudySpec, study_dir: str, tracking_uri: str, stored) 
         full = store.disk_full(study_dir, e)
         if not full:
             raise
-        raise Exit(1, f"error: --storage: {full}. Study {spec.name!r} did not start. Free space, then run it again "
+        raise StudyExit(1, f"error: --storage: {full}. Study {spec.name!r} did not start. Free space, then run it again "
                       "(with --resume if it had started before)") from None
 
 
@@ -365,18 +366,18 @@ def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, addres
             return run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume, args.verbose,
                              identity)
     except StudyLocked as e:  # before anything of the study was touched
-        raise Exit(EXIT_BAD_INPUT, f"error: {e}") from None
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {e}") from None
     except store.StorageError as e:  # the storage stopped answering (study/experiment/snapshots.py): stopped, resumable
-        raise Exit(1, f"error: --storage: {e}. Study {spec.name!r} stopped: the trials it finished are kept, the "
+        raise StudyExit(1, f"error: --storage: {e}. Study {spec.name!r} stopped: the trials it finished are kept, the "
                       "others continue from their last checkpoint; continue it with --resume once the storage "
                       "answers") from None
     except KeyboardInterrupt as e:  # the study's MLflow run is KILLED and nothing was reported
-        raise Exit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED) from None
+        raise StudyExit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED) from None
     except Exception as e:  # a full disk surfaces anywhere (Tune, DeepSpeed, MLflow): say so, not how
         full = store.disk_full(study_dir, e)
         if not full:
             raise
-        raise Exit(1, f"error: --storage: {full}. Study {spec.name!r} stopped; what other studies recorded there "
+        raise StudyExit(1, f"error: --storage: {full}. Study {spec.name!r} stopped; what other studies recorded there "
                       "is untouched. Free space, then continue it with --resume") from None
 
 

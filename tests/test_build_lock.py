@@ -69,3 +69,24 @@ def test_training_refuses_to_start_on_a_stale_lock(tmp_path, command):
     assert f"error: stale torch extension build lock {lock}" in out.stderr, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "studies").exists()  # the study refused before writing anything
+
+
+def test_extension_builds_use_this_environments_ninja_and_folder(monkeypatch):
+    """Two ninja versions on one build folder rebuilt DeepSpeed's op in turn (each reads the other's
+    log as stale): a trial pins this environment's ninja and a build folder of its own, and leaves a
+    folder the user chose alone."""
+    import shutil
+    import sys
+
+    from trial.session import pin_extension_builds
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    pin_extension_builds()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == os.path.join(sys.prefix, "torch_extensions")
+    venv_bin = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(venv_bin, "ninja")):
+        assert shutil.which("ninja") == os.path.join(venv_bin, "ninja")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/somewhere/else")
+    pin_extension_builds()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == "/somewhere/else"

@@ -135,7 +135,7 @@ def trained_ids(cfg, steps: int = 16) -> set[int]:
     loop's own draws: task.sample, then the scheme's training ids)."""
     from models.positions import training_ids
 
-    task, pos, seen = cfg.task_obj, cfg.positional, set()
+    task, pos, seen = cfg.task_instance, cfg.positional, set()
     for step in range(1, steps + 1):
         batch = task.sample(cfg.optim.batch_size, np.random.default_rng([cfg.seed, 0, step]))
         ids = training_ids(pos.ids, batch.position_ids, batch.seq_len, pos.max_position,
@@ -157,7 +157,7 @@ def test_shipped_trial_config_measures_what_it_claims(path):
     from trial.config import TrialConfig
 
     cfg = TrialConfig.model_validate(yaml.safe_load(path.read_text()))
-    task, pos, claims = cfg.task_obj, cfg.positional, header(path)
+    task, pos, claims = cfg.task_instance, cfg.positional, header(path)
     n = task.train_length
     lengths = cfg.eval.lengths
     assert min(lengths) <= n, "no in-distribution length to compare with"

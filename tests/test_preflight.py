@@ -138,7 +138,7 @@ def test_a_cluster_study_recording_to_sqlite_is_warned_that_the_record_dies_with
     """On a cluster (`ray job submit` sets RAY_ADDRESS) the driver runs on the head node: the default
     SQLite record is a file there and goes away with it. Warned (the study still runs), with how to point
     --mlflow-uri at a server that outlives the cluster; a laptop's study and a tracking server are not."""
-    from study.spec.schema import preflight
+    from study.spec import preflight
 
     spec = str(ROOT / "search_spaces" / "smoke.yaml")
     storage = str(tmp_path / "studies")

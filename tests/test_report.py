@@ -101,7 +101,7 @@ def test_replicas_rerun_the_selected_config_with_new_seeds_after_the_search():
 def test_acc_beyond_is_length_extrapolation_only():
     cfg = __import__("trial.config", fromlist=["TrialConfig"]).TrialConfig.model_validate(
         yaml.safe_load((ROOT / "search_spaces/trials/sparse_parity.yaml").read_text()))
-    L, K = cfg.task_obj.train_length, cfg.task_obj.train_k
+    L, K = cfg.task_instance.train_length, cfg.task_instance.train_k
     recs = [{"length": L, "k": K, "ids": "sequential", "answer_acc": 1.0, "exact_match": 1.0, "in_distribution": True},
             {"length": 2 * L, "k": K, "ids": "sequential", "answer_acc": 0.8, "exact_match": 0.8, "in_distribution": False},
             {"length": 2 * L, "k": K + 1, "ids": "sequential", "answer_acc": 0.0, "exact_match": 0.0,

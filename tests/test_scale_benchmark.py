@@ -29,22 +29,22 @@ def test_events_a_resume_can_wait_for_share_a_snapshot(monkeypatch):
 
     monkeypatch.setattr(snapshots, "COALESCE_S", 0.3)
     due = snapshots.SnapshotDue()
-    assert not due.now()
-    due.soon()  # a trial ended
+    assert not due.is_due()
+    due.after_coalescing()  # a trial ended
     due.checkpoint(first=True)  # a trial's first checkpoint: no stored state names one of it
-    assert not due.now(), "waits for COALESCE_S after the last snapshot"
+    assert not due.is_due(), "waits for COALESCE_S after the last snapshot"
     time.sleep(0.35)
-    assert due.now()
-    due.taken()
+    assert due.is_due()
+    due.snapshot_taken()
     due.checkpoint(first=False)  # the stored state may name its previous one, deleted at its next
-    assert due.now(), "due at once"
+    assert due.is_due(), "due at once"
     time.sleep(0.2)  # a snapshot that took 0.2 s
-    due.taken()
-    assert not due.now()
+    due.snapshot_taken()
+    assert not due.is_due()
     # so the next events wait longer: snapshots take at most SNAPSHOT_SHARE of the driver's time
     assert due.wait >= 0.2 * (1 - snapshots.SNAPSHOT_SHARE) / snapshots.SNAPSHOT_SHARE
-    due.soon()
-    assert due.at >= due.last + due.wait and not due.now()
+    due.after_coalescing()
+    assert due.at >= due.last + due.wait and not due.is_due()
 
 
 @pytest.mark.slow

@@ -278,7 +278,7 @@ def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():
     assert all(getattr(defaults, k) != v for k, v in expected.items() if k not in ("encoding", "vocab_size"))  # the values moved
     assert set(MODEL_FIELD_NAMES.values()) <= set(expected)
     # the parameter bound counts exactly what is built (on the meta device, layer by layer)
-    assert cfg.n_parameters() == sum(p.numel() for p in cfg.build_model(len(cfg.task_obj.vocab)).parameters())
+    assert cfg.n_parameters() == sum(p.numel() for p in cfg.build_model(len(cfg.task_instance.vocab)).parameters())
 
 
 def test_the_trial_configs_defaults_are_the_models():

@@ -216,7 +216,7 @@ class TrialConfig(Strict):
         return self.seed if self.data_seed is None else self.data_seed
 
     @cached_property
-    def task_obj(self) -> tasks.Task:
+    def task_instance(self) -> tasks.Task:
         """The task, built once (validation already needed it; a corpus loads once)."""
         return tasks.get_task(self.task.name, **self.task.params)
 
@@ -240,7 +240,7 @@ class TrialConfig(Strict):
 
     def grid(self) -> list[tuple[int, int | None]]:
         """Evaluation cells (length, k_test)."""
-        task = self.task_obj
+        task = self.task_instance
         if not task.uses_k:
             return [(n, None) for n in self.eval.lengths]
         ks = self.eval.ks or [task.train_k]
@@ -249,18 +249,18 @@ class TrialConfig(Strict):
     def n_parameters(self) -> int:
         """Parameter count of `build_model`, exact, without allocating it (every config is checked
         against MAX_PARAMETERS, one per suggested trial: _parameters_of_layers caches)."""
-        arch = self.architecture(len(self.task_obj.vocab))
+        arch = self.architecture(len(self.task_instance.vocab))
         first, per_layer = _parameters_of_layers(dataclasses.replace(arch, n_layers=1))
         return first + (arch.n_layers - 1) * per_layer
 
     def ids_needed(self, length: int, k: int | None) -> int:
         """Largest position id the model sees for this cell (+1 = the max_position it needs)."""
-        return self.positional.scheme.largest_id(self.task_obj, length, k)
+        return self.positional.scheme.largest_id(self.task_instance, length, k)
 
     @model_validator(mode="after")
     def _check_task_and_grid(self) -> TrialConfig:
         try:
-            task = self.task_obj
+            task = self.task_instance
         except tasks.TaskParamError as e:
             field = "task.name" if e.param == "name" else f"task.params.{e.param}"
             raise ValueError(f"{field}: {e}") from None
@@ -376,7 +376,7 @@ def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
     without a test length beyond it) are left out. Kept beside the config so that validating a spec
     does not import the training loop."""
     every = metrics.reported_every_time()
-    task = cfg.task_obj
+    task = cfg.task_instance
     cells = cfg.grid()
     last = set()
     if any(n <= task.train_length and (k is None or k <= task.train_k) for n, k in cells):

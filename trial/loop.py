@@ -74,7 +74,7 @@ def load_trained(checkpoint_dir: str):
     if storage.is_uri(checkpoint_dir):
         checkpoint_dir = storage.download_dir(checkpoint_dir, tempfile.mkdtemp(prefix="checkpoint-"))
     cfg = load_trial_config_json(os.path.join(checkpoint_dir, CONFIG_FILE))
-    task = cfg.task_obj
+    task = cfg.task_instance
     model = cfg.build_model(len(task.vocab))
     if cfg.deepspeed.zero_stage == 3:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -131,7 +131,7 @@ def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
     length)."""
     primary = cfg.positional.scheme.own_ids
     rows = [r for r in records if r["ids"] == primary]
-    task = cfg.task_obj
+    task = cfg.task_instance
     k_train = getattr(task, "train_k", None)
     k_in = lambda r: r["k"] is None or k_train is None or r["k"] <= k_train  # noqa: E731
     inside = [r for r in rows if r["in_distribution"]]
@@ -171,7 +171,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world, device = setup_distributed()
     clock.lap("distributed")
-    task = cfg.task_obj
+    task = cfg.task_instance
     clock.lap("task")
     model, engine = _model_and_engine(cfg, len(task.vocab), world, device, clock)
     pos, w = cfg.positional, cfg.positional.position_loss_weight
@@ -181,18 +181,18 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     # what the attention margin calls "trained" (only eval.track reports a margin)
     distance = trained_id_distance(val_batches, pos.scheme) if tracked else None
     clock.lap("data")
-    start, client = 0, {}
+    start, client_state = 0, {}
     with session.restore_dir() as ckpt:
         if ckpt is not None:
             from trial.storage import weights_only_loads
 
             with weights_only_loads():  # a checkpoint in storage is data, never code
-                _, client = engine.load_checkpoint(ckpt, tag="checkpoint")
-            start = int(client["step"])
-    best = client.get("best")  # eval.select: {"step", "value", "state"} of the best step so far
+                _, client_state = engine.load_checkpoint(ckpt, tag="checkpoint")
+            start = int(client_state["step"])
+    best = client_state.get("best")  # eval.select: {"step", "value", "state"} of the best step so far
     clock.lap("restore")
-    if "final" in client:  # restored after the last report (the driver died before noting it): resend
-        final = client["final"]
+    if "final" in client_state:  # restored after the last report (the driver died before noting it): resend
+        final = client_state["final"]
         _report(session, engine, final, start, cfg, final=True)
         return {"metrics": {k: v for k, v in final.items() if k != "eval_records"}, "records": final["eval_records"]}
 

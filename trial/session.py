@@ -81,6 +81,7 @@ def import_deepspeed():
     """`import deepspeed` without the MLflow its autotuner imports when installed (1.5 of its 4 s on
     2 cores, in every trial process; trials never use the autotuner or MLflow). A process that
     imported MLflow already keeps it."""
+    pin_extension_builds()
     if "deepspeed" in sys.modules or "mlflow" in sys.modules:
         import deepspeed
         return deepspeed
@@ -91,6 +92,20 @@ def import_deepspeed():
         if sys.modules.get("mlflow", 0) is None:
             del sys.modules["mlflow"]
     return deepspeed
+
+
+def pin_extension_builds() -> None:
+    """DeepSpeed JIT-builds its CPU ops with torch's cpp_extension, which runs whichever `ninja` is
+    first on PATH, in a cache shared by every environment of the user. Two ninja versions (the
+    venv's pip wheel and the system's) read each other's build log as stale, so processes started
+    with and without the venv on PATH rebuilt the op in turn, each build holding the lock that every
+    other DeepSpeed start waits on (and a process killed meanwhile leaves it stale). So: this
+    environment's ninja first, and a build folder of this environment's own, unless the user set one."""
+    bin_dir = os.path.dirname(sys.executable)
+    if os.path.exists(os.path.join(bin_dir, "ninja")) and \
+            os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = os.pathsep.join(filter(None, [bin_dir, os.environ.get("PATH")]))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 def setup_distributed() -> tuple[int, int, torch.device]:

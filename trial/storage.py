@@ -50,17 +50,17 @@ def first_line(error: BaseException) -> str:
 
 
 # what a storage answers (a missing object, a refusal, a full or read-only disk): not worth waiting for
-ANSWERS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
-FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+DEFINITE_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
-def unanswered(error: OSError) -> bool:
+def is_outage(error: OSError) -> bool:
     """Whether an OSError says the storage did not answer (pyarrow's S3 and GCS errors, which carry no
     errno; a connection refused or timed out), not what it answered."""
-    return not isinstance(error, ANSWERS) and error.errno not in FULL
+    return not isinstance(error, DEFINITE_ERRORS) and error.errno not in NO_SPACE_ERRNOS
 
 
-def patiently(call: Callable[[], T], what: str, wait_s: float | None = None, pause_s: float = 5.0) -> T:
+def retry_through_outage(call: Callable[[], T], what: str, wait_s: float | None = None, pause_s: float = 5.0) -> T:
     """`call()`, tried again while it raises an OSError that says the storage did not answer, for up
     to `wait_s` (default: a trial's wait, 2 x WAIT_S + 120 s); then the last error. Says so once on
     stderr (a trial's: its Ray worker log)."""
@@ -70,7 +70,7 @@ def patiently(call: Callable[[], T], what: str, wait_s: float | None = None, pau
         try:
             result = call()
         except OSError as e:
-            if not unanswered(e) or time.monotonic() >= deadline:
+            if not is_outage(e) or time.monotonic() >= deadline:
                 raise
             if since is None:
                 since = time.monotonic()

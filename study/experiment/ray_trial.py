@@ -39,7 +39,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from analysis import ANALYSES
 from study import ray_compat
 from trial.loop import Diverged, train_loop_per_worker
-from trial.storage import join, patiently
+from trial.storage import join, retry_through_outage
 
 
 class _RaySession:
@@ -63,12 +63,12 @@ class _RaySession:
             # again, under the same checkpoint_NNNNNN
             ray_compat.report_retrying_under_one_index(
                 lambda: self.api.report(dict(metrics), checkpoint=checkpoint),
-                lambda call: patiently(call, "checkpoint upload"))
+                lambda call: retry_through_outage(call, "checkpoint upload"))
             return
         # a Ray Train worker: report is collective (the ranks agree on the checkpoint's name first),
         # so only this rank's upload is tried again (DeveloperAPI: the worker's StorageContext)
         storage = ray.train.get_context().get_storage()
-        self.api.report(metrics, checkpoint=checkpoint, checkpoint_upload_fn=lambda c, name: patiently(
+        self.api.report(metrics, checkpoint=checkpoint, checkpoint_upload_fn=lambda c, name: retry_through_outage(
             lambda: storage.persist_current_checkpoint(c, name), "checkpoint upload"))
 
     @contextmanager
@@ -78,7 +78,7 @@ class _RaySession:
             yield None
             return
         with ExitStack() as stack:  # the download, tried again like the upload
-            yield patiently(lambda: stack.enter_context(checkpoint.as_directory()), "checkpoint download")
+            yield retry_through_outage(lambda: stack.enter_context(checkpoint.as_directory()), "checkpoint download")
 
 
 def ray_train_loop(config: dict) -> None:

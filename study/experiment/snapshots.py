@@ -42,28 +42,28 @@ SNAPSHOT_SHARE = 0.1  # and longer while snapshots take more than this share of 
 
 class SnapshotDue:
     """When the next snapshot is due: at once (`checkpoint(first=False)`), or once COALESCE_S have
-    passed since the last one (`soon()`, `checkpoint(first=True)`), or longer, so that snapshots take
+    passed since the last one (`after_coalescing()`, `checkpoint(first=True)`), or longer, so that snapshots take
     at most SNAPSHOT_SHARE of the driver's time whatever the number of trials."""
 
     def __init__(self):
         self.at = math.inf  # the monotonic time it is due
         self.last = time.monotonic()
         self.wait = COALESCE_S
-        self.asked: float | None = None  # when `now()` last said it was due
+        self.asked: float | None = None  # when `is_due()` last said it was due
 
-    def soon(self) -> None:
+    def after_coalescing(self) -> None:
         self.at = min(self.at, self.last + self.wait)
 
     def checkpoint(self, first: bool) -> None:
         self.at = min(self.at, self.last + self.wait) if first else -math.inf
 
-    def now(self) -> bool:
+    def is_due(self) -> bool:
         if time.monotonic() < self.at:
             return False
         self.asked = time.monotonic()
         return True
 
-    def taken(self) -> None:
+    def snapshot_taken(self) -> None:
         done = time.monotonic()
         if self.asked is not None:
             self.wait = max(COALESCE_S, (done - self.asked) * (1 - SNAPSHOT_SHARE) / SNAPSHOT_SHARE)
@@ -96,16 +96,16 @@ class SnapshotGate(Callback):
         self.due.checkpoint(first=trial.checkpoint is None)  # Tune registers this one after the callbacks
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self.due.soon()
+        self.due.after_coalescing()
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.due.soon()
+        self.due.after_coalescing()
 
     def snapshot_due(self) -> bool:
-        return self.due.now()
+        return self.due.is_due()
 
     def on_snapshot(self) -> None:
-        self.due.taken()
+        self.due.snapshot_taken()
         for follower in self.followers:
             follower.snapshot_stored()
 

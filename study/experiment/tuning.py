@@ -266,7 +266,7 @@ def _upload(path: str, uri: str) -> None:
     with open(path, "rb") as f:
         data = f.read()
     try:
-        store.patiently(lambda: store.write_atomic(uri, data), f"writing {uri}", wait_s=store.WAIT_S)
+        store.retry_through_outage(lambda: store.write_atomic(uri, data), f"writing {uri}", wait_s=store.WAIT_S)
     except OSError as e:
         why = store.first_line(e)
         raise store.StorageError(f"{store.redact(uri)}: cannot write the report: {why}") from None

@@ -56,7 +56,7 @@ RETRY_S = 10.0  # while MLflow cannot be reached, events wait this long before t
 FLUSH_WAIT_S = float(os.environ.get("STUDY_MLFLOW_WAIT_S", "60"))
 
 
-def deferrable(hook):
+def held_in_order(hook):
     """A Tune hook of the tracker whose MLflow calls may wait: it joins the backlog, which a thread
     records in order as far as MLflow answers (`StudyTracker.drain`), off Tune's loop (a result's
     writes took it 0.5-1.5 s). Nothing is dropped; a hook is replayed whole (runs found by tag)."""
@@ -137,10 +137,10 @@ class StudyTracker(Callback):
         self.children: dict[str, str] = {}  # Tune trial id -> MLflow run id
         # runs already FINISHED when a resumed study restores their trial (the driver died between
         # MLflow's record and Tune's): their record is complete and is left exactly as it is
-        self.sealed: set[str] = set()
+        self.finished_before: set[str] = set()
         self.cells = {c.index: c for c in spec.cells()}
         # runs of completed trials wait here until a snapshot in storage says so (snapshot_stored)
-        self.finishing: list[str] = []
+        self.awaiting_snapshot: list[str] = []
         self.session_start = time.time()
         self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
         self.backlog: collections.deque = collections.deque()  # hooks MLflow has not taken yet
@@ -225,7 +225,7 @@ class StudyTracker(Callback):
         if found is not None:  # resumed study: keep the trial's run
             run_id = found.info.run_id
             if found.info.status == "FINISHED":
-                self.sealed.add(run_id)
+                self.finished_before.add(run_id)
             else:
                 self.client.update_run(run_id, status="RUNNING")
         else:
@@ -246,15 +246,15 @@ class StudyTracker(Callback):
         self.children[trial.trial_id] = run_id
         return run_id
 
-    @deferrable
+    @held_in_order
     def on_trial_start(self, iteration, trials, trial, **info):
         self.starts[trial.trial_id] = self.starts.get(trial.trial_id, 0) + 1
         self._child(trial)
 
-    @deferrable
+    @held_in_order
     def on_trial_result(self, iteration, trials, trial, result, **info):
         run_id = self._child(trial)
-        if run_id in self.sealed:
+        if run_id in self.finished_before:
             return
         step = int(result.get("step", result.get("training_iteration", 0)))
         now = int(time.time() * 1000)
@@ -269,30 +269,30 @@ class StudyTracker(Callback):
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
 
-    @deferrable
+    @held_in_order
     def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
         run_id = self._child(trial)
-        if run_id not in self.sealed:  # `python -m study.loss_gap --mlflow-run` finds the model here
+        if run_id not in self.finished_before:  # `python -m study.loss_gap --mlflow-run` finds the model here
             self.client.set_tag(run_id, "checkpoint", uri_of(checkpoint.filesystem, checkpoint.path))
 
-    @deferrable
+    @held_in_order
     def on_trial_complete(self, iteration, trials, trial, **info):
         run_id = self._child(trial)
-        if run_id not in self.sealed:  # FINISHED once the snapshot saying so is in storage
+        if run_id not in self.finished_before:  # FINISHED once the snapshot saying so is in storage
             last = trial.last_result or {}
             if "eval_records" not in last:  # the scheduler stopped it before its final report
                 self.client.set_tag(run_id, "stopped", f"by the scheduler at step {last.get('step', '?')}")
-            self.finishing.append(run_id)
+            self.awaiting_snapshot.append(run_id)
 
-    @deferrable
+    @held_in_order
     def snapshot_stored(self) -> None:
         """study/experiment/snapshots.py's SnapshotGate: a snapshot is in storage. The runs of trials completed
-        before it are FINISHED (a backlog is recorded in order: their completion is in `finishing`)."""
-        while self.finishing:
-            self.client.set_terminated(self.finishing[0], "FINISHED")
-            self.finishing.pop(0)
+        before it are FINISHED (a backlog is recorded in order: their completion is in `awaiting_snapshot`)."""
+        while self.awaiting_snapshot:
+            self.client.set_terminated(self.awaiting_snapshot[0], "FINISHED")
+            self.awaiting_snapshot.pop(0)
 
-    @deferrable
+    @held_in_order
     def on_trial_error(self, iteration, trials, trial, **info):
         run_id = self._child(trial)
         reason = ""
