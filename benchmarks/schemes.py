@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(header + scheme_table(table, train_length))
     if args.docs:
-        write_generated(args.docs, "schemes_by_task", ("From the runs saved by `--json` (rebuilt with `--from-json`). "
+        key = f"schemes_by_task steps {'/'.join(map(str, sorted(steps)))}" + (
+            f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "")
+        write_generated(args.docs, key, ("From the runs saved by `--json` (rebuilt with `--from-json`). "
                                                        if args.from_json else "") + header + scheme_table(table, train_length)
                         + f"\n\nIn distribution ({train_length}), exact match:\n\n```\n{in_distribution(table, train_length)}\n```",
                         argv=command_line(argv))
