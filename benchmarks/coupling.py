@@ -141,6 +141,10 @@ def _run_trial(job: dict) -> dict:
             "seconds": time.time() - start}
 
 
+class NoCellMatches(ValueError):
+    """`--cells` picks none of a spec's cells."""
+
+
 def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None,
              cells: list[str] | None = None) -> tuple[list[dict], int]:
     from study.spec.schema import load_spec
@@ -153,7 +157,7 @@ def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None,
     chosen = [c for c in spec.cells() if not cells or any(
         part == c.label or (part not in labels and part in c.label + ",") for part in cells)]
     if not chosen:
-        raise ValueError(f"--cells {cells}: no cell of {spec.name} matches (cells: {[c.label for c in spec.cells()]})")
+        raise NoCellMatches(f"--cells {cells}: no cell of {spec.name} matches (cells: {[c.label for c in spec.cells()]})")
     for cell in chosen:
         for seed in seeds:
             trial = spec.trial_config(cell, {}, seed)
@@ -271,6 +275,32 @@ def markdown(part, train_length: int) -> str:
     return "\n".join(lines)
 
 
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every benchmark that trains spec cells takes: which cells, seeds and lengths, how many at
+    once, and where the runs are kept (--json), read back (--from-json) and written as tables (--docs)."""
+    parser.add_argument("--cells", nargs="+", help="only the cells whose label is, or contains, one of these "
+                                                   "(x=a, matches a)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: each spec's)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
+    parser.add_argument("--json", help="write every row here")
+    parser.add_argument("--docs", help="also write the tables into this docs page (benchmarks/docs.py)")
+    parser.add_argument("--from-json", nargs="+", metavar="JSON",
+                        help="train nothing: the tables from the rows of earlier --json files (their seeds)")
+
+
+def saved_runs(paths: list[str], jobs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The rows and tracked series of earlier --json files that belong to `jobs` (spec, cell, seed)."""
+    wanted = {(j["spec"], j["cell"], j["trial"]["seed"]) for j in jobs}
+    rows, series = [], []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        rows += [{"checkpoint": "last", "data_seed": None, **r} for r in data["rows"]  # older files lack them
+                 if (r["spec"], r["cell"], r["seed"]) in wanted]
+        series += [p for p in data.get("series", []) if (p["spec"], p["cell"], p["seed"]) in wanted]
+    return rows, series
+
+
 def command_line(argv: list[str] | None) -> list[str]:
     """The arguments that train what a table shows: without where it was written or read back from."""
     out, skip = [], False
@@ -288,16 +318,9 @@ def command_line(argv: list[str] | None) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.coupling", description=__doc__.split("\n")[0])
     parser.add_argument("specs", nargs="*", help="study specs (default: the coupling_* specs)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: each spec's)")
-    parser.add_argument("--cells", nargs="+", help="only the cells whose label is, or contains, one of these (x=a, matches a)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
-    parser.add_argument("--json", help="write every row here")
-    parser.add_argument("--markdown", action="store_true", help="print each spec's table for the README")
+    add_run_arguments(parser)
+    parser.add_argument("--markdown", action="store_true", help="print each spec's table for the docs")
     parser.add_argument("--figure", help="with eval.track in the specs: plot the tracked series here (PNG)")
-    parser.add_argument("--docs", help="also write each spec's table into this docs page (benchmarks/docs.py)")
-    parser.add_argument("--from-json", nargs="+", metavar="JSON",
-                        help="train nothing: the tables from the rows of earlier --json files (their seeds)")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
 
@@ -320,14 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(all_jobs)} trials ({', '.join(p.stem for p in paths)}), seeds {args.seeds}, "
           + (f"from {', '.join(args.from_json)}" if args.from_json else f"{args.workers} at a time"), flush=True)
     if args.from_json:
-        rows, series, seconds, wall = [], [], [], 0.0
-        for saved in args.from_json:
-            data = json.loads(Path(saved).read_text())
-            rows += [{"checkpoint": "last", "data_seed": None, **r} for r in data["rows"]]  # older files lack them
-            series += data.get("series", [])
-        cells = {(job["spec"], job["cell"]) for job in all_jobs}
-        rows = [r for r in rows if (r["spec"], r["cell"]) in cells and r["seed"] in args.seeds]
-        series = [p for p in series if (p["spec"], p["cell"]) in cells and p["seed"] in args.seeds]
+        (rows, series), seconds, wall = saved_runs(args.from_json, all_jobs), [], 0.0
     else:
         rows, series, seconds, wall = run_jobs(all_jobs, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)
@@ -335,18 +351,15 @@ def main(argv: list[str] | None = None) -> int:
     for path, _, train_length in plans:
         name = path.stem
         part = table[table.spec == name]
+        ks = sorted(int(k) for k in part.k.dropna().unique())
+        title = f"exact match, mean [min-max] over seeds {args.seeds}" + (f", k = {' / '.join(map(str, ks))}" if ks else "")
         if args.markdown:
-            ks = sorted(int(k) for k in part.k.dropna().unique())
-            print(f"\n{name}: exact match, mean [min-max] over seeds {args.seeds}"
-                  + (f", k = {' / '.join(map(str, ks))}" if ks else "") + "\n")
-            print(markdown(part, train_length))
+            print(f"\n{name}: {title}\n\n{markdown(part, train_length)}")
         if args.docs:
-            ks = sorted(int(k) for k in part.k.dropna().unique())
             key = name + (f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "") \
                 + (f" lengths {' '.join(map(str, args.lengths))}" if args.lengths else "")
-            write_generated(args.docs, key, ("From the runs saved by `--json` (rebuilt with `--from-json`). " if args.from_json else "")
-                            + f"Exact match, mean [min-max] over seeds {args.seeds}"
-                            + (f", k = {' / '.join(map(str, ks))}" if ks else "") + ":\n\n" + markdown(part, train_length),
+            saved = "From the runs saved by `--json` (rebuilt with `--from-json`). " if args.from_json else ""
+            write_generated(args.docs, key, f"{saved}{title[0].upper()}{title[1:]}:\n\n{markdown(part, train_length)}",
                             argv=command_line(argv))
         part = part[part.own_ids]
         summary = part.groupby(["cell", "checkpoint", "k", "length"], dropna=False).exact_match.agg(["mean", "min", "max"])

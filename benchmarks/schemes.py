@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
-from benchmarks.coupling import EXTRAPOLATES, check_claims, command_line, jobs_for, run_jobs
+from benchmarks.coupling import (
+    EXTRAPOLATES,
+    NoCellMatches,
+    add_run_arguments,
+    check_claims,
+    command_line,
+    jobs_for,
+    run_jobs,
+    saved_runs,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["schemes_by_task", "schemes_by_task_abacus"]
@@ -50,10 +58,6 @@ def scheme_of(factors: dict) -> str:
     """A cell's scheme as the table names it: encoding, ids[, abacus]."""
     name = f"{factors.get('positional.encoding', 'learned')}, {factors.get('positional.ids', 'sequential')}"
     return name + (", abacus" if factors.get("positional.abacus") else "")
-
-
-def task_of(factors: dict, default: str) -> str:
-    return factors.get("task.name", default)
 
 
 def scheme_table(table, train_length: int) -> str:
@@ -87,16 +91,9 @@ def in_distribution(table, train_length: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.schemes", description=__doc__.split("\n")[0])
     parser.add_argument("specs", nargs="*", help="study specs (default: schemes_by_task and its Abacus sibling)")
-    parser.add_argument("--cells", nargs="+", help="only the cells whose label is, or contains, one of these")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: each spec's)")
+    add_run_arguments(parser)
     parser.add_argument("--lr", type=float, default=1e-3, help="the learning rate of every cell")
     parser.add_argument("--steps", type=int, help="training steps of every cell (default: the spec's)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
-    parser.add_argument("--json", help="write every row here")
-    parser.add_argument("--docs", help="also write the table into this docs page (benchmarks/docs.py)")
-    parser.add_argument("--from-json", nargs="+", metavar="JSON",
-                        help="train nothing: the table from the rows of earlier --json files (their seeds)")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
 
@@ -107,23 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     from trial.config import TrialConfig
     from trial.yaml_io import describe_errors
 
-    jobs, train_lengths, defaults = [], {}, {}
+    jobs, train_lengths = [], {}
     for path in paths:
         try:
             found, train_lengths[path.stem] = jobs_for(path, args.seeds, args.lengths, args.cells)
-        except ValueError as e:
-            if "no cell of" in str(e):  # --cells picks from several specs: one may hold none of them
-                continue
-            print(f"error: {path}: {e}", file=sys.stderr)
-            return 2
-        except OSError as e:
+        except NoCellMatches:  # --cells picks from several specs: one may hold none of them
+            continue
+        except (OSError, ValueError) as e:
             print(f"error: {path}: {e}", file=sys.stderr)
             return 2
         for job in found:
             job["trial"].setdefault("optim", {})["lr"] = args.lr
             if args.steps:
                 job["trial"]["optim"]["steps"] = args.steps
-            defaults[job["cell"]] = job["trial"]["task"]["name"]
             try:
                 TrialConfig.model_validate(job["trial"])
             except ValueError as e:
@@ -136,22 +129,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seen, unique = set(), []  # a (scheme, task) in two specs runs once, from the first
     for job in jobs:
-        key = (scheme_of(job["factors"]), task_of(job["factors"], defaults[job["cell"]]), job["trial"]["seed"])
+        key = (scheme_of(job["factors"]), job["trial"]["task"]["name"], job["trial"]["seed"])
         if key not in seen:
             seen.add(key)
             unique.append(job)
     print(f"{len(unique)} trials, seeds {args.seeds}, lr {args.lr}, {args.workers} at a time", flush=True)
     if args.from_json:
-        wanted = {(j["spec"], j["cell"], j["trial"]["seed"]) for j in unique}
-        rows = [{"checkpoint": "last", "data_seed": None, **r} for saved in args.from_json
-                for r in json.loads(Path(saved).read_text())["rows"] if (r["spec"], r["cell"], r["seed"]) in wanted]
-        seconds, wall = [], 0.0
+        (rows, _), seconds, wall = saved_runs(args.from_json, unique), [], 0.0
     else:
         rows, _, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)
     names = {(j["spec"], j["cell"]): j for j in unique}
     table["scheme"] = [scheme_of(names[(s, c)]["factors"]) for s, c in zip(table.spec, table.cell)]
-    table["task"] = [task_of(names[(s, c)]["factors"], defaults[c]) for s, c in zip(table.spec, table.cell)]
+    table["task"] = [names[(s, c)]["trial"]["task"]["name"] for s, c in zip(table.spec, table.cell)]
     table = table[table.own_ids & (table.checkpoint == "last")]
     train_length = max(train_lengths.values())
     steps = {j["trial"]["optim"].get("steps") for j in unique}

@@ -9,6 +9,7 @@ attribute (tests/test_architecture.py).
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -31,8 +32,6 @@ def token_auth_as_ray_defaults_it() -> None:
     set before `ray.init`, so Ray does not print how to opt out of it in every study. Ray reads
     RAY_AUTH_MODE once, at import: setting it later needs Ray's cached config refreshed (private; Ray's
     own default path does the same). A mode the user set is left alone."""
-    import os
-
     if "RAY_AUTH_MODE" in os.environ:
         return
     from ray._raylet import Config

@@ -179,14 +179,14 @@ class StudyExit(Exception):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return run_study(args)
+        return run_command(args)
     except StudyExit as e:
         if e.message:
             print(e.message, file=sys.stderr)
         return e.code
 
 
-def run_study(args) -> int:
+def run_command(args) -> int:
     from study.spec import preflight
     from trial import storage as store
 
@@ -353,7 +353,7 @@ def _tracking_uri(args, storage: str, study_dir: str) -> str:
 
 def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
                 concurrency: int | None, stored):
-    """run_study under the study's driver lock; each way a study stops early becomes an Exit."""
+    """run_study under the study's driver lock; each way a study stops early becomes a StudyExit."""
     from study.experiment.tuning import Terminated, run_study
     from study.record import identity as ident
     from study.record.lock import StudyLocked, driver_lock

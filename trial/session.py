@@ -95,12 +95,9 @@ def import_deepspeed():
 
 
 def pin_extension_builds() -> None:
-    """DeepSpeed JIT-builds its CPU ops with torch's cpp_extension, which runs whichever `ninja` is
-    first on PATH, in a cache shared by every environment of the user. Two ninja versions (the
-    venv's pip wheel and the system's) read each other's build log as stale, so processes started
-    with and without the venv on PATH rebuilt the op in turn, each build holding the lock that every
-    other DeepSpeed start waits on (and a process killed meanwhile leaves it stale). So: this
-    environment's ninja first, and a build folder of this environment's own, unless the user set one."""
+    """This environment's `ninja` first on PATH and a build folder of its own (unless the user set one)
+    for DeepSpeed's JIT-built ops: two ninja versions on one folder read each other's build log as
+    stale and rebuild in turn, holding the lock every DeepSpeed start waits on (docs/speed.md)."""
     bin_dir = os.path.dirname(sys.executable)
     if os.path.exists(os.path.join(bin_dir, "ninja")) and \
             os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
