@@ -259,6 +259,20 @@ def test_a_trial_stopped_early_is_counted_but_never_selected():
     assert list(select(spec, results).trial_id) == [done]
 
 
+def test_results_rows_follow_the_plan_not_the_order_tune_returns_trials_in():
+    """A resume restores Tune's trials in another order; results.csv must not change with it."""
+    spec = spec_of(replicas=2)
+    searcher = CellSearcher(spec, {"workers_per_trial": 1})
+    configs = {f"t{i}": searcher.suggest(f"t{i}") for i in range(4)}
+    trials = [{"trial_id": t, "config": c, "status": "TERMINATED", "metrics": {"val_exact": 1.0, "val_loss": 0.1,
+               "eval_records": [{"length": n, "k": 1, "ids": "own", "answer_acc": 1.0} for n in (8, 16)]}}
+              for t, c in configs.items()]
+    planned = results_frame(spec, trials)
+    for order in (trials[::-1], trials[1:] + trials[:1]):
+        pd.testing.assert_frame_equal(results_frame(spec, order), planned)
+    assert list(planned.cell.drop_duplicates()) == [c.label for c in spec.cells()]
+
+
 def test_flat_length_metrics_stay_bounded_as_the_grid_grows():
     """A 40-length x 10-k grid gives at most 8 x 4 flat acc_at_len keys, the shortest and longest
     lengths and the smallest and largest k among them; the curves keep every cell."""

@@ -34,7 +34,7 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
     status ERROR (failed) or STOPPED (stopped early by the scheduler, with its last validation)."""
     cells = {c.index: c for c in spec.cells()}
     rows = []
-    for t in trials:
+    for t in sorted(trials, key=planned_order):  # not Tune's order, which a resume changes
         metrics = t["metrics"] or {}
         cell = cells[t["config"]["cell"]]
         common = {
@@ -55,6 +55,15 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
         records = metrics.get("eval_records") or []
         rows += [{**common, **rec} for rec in records] or [common]  # every trial has a row, failed or stopped
     return pd.DataFrame(rows)
+
+
+def planned_order(trial: dict) -> tuple:
+    """A trial's place in the study's plan: its cell, the search before the replicas of the selected
+    config, then the order of suggestion (search_index) and the seed."""
+    config = trial["config"]
+    index = config.get("search_index")
+    return (config["cell"], config.get("role", "search") != "search", index is None, index or 0,
+            config["trial"]["seed"], trial["trial_id"])
 
 
 def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
