@@ -60,9 +60,10 @@ def scheme_of(factors: dict) -> str:
     return name + (", abacus" if factors.get("positional.abacus") else "")
 
 
-def scheme_table(table, train_length: int) -> str:
-    """A row per scheme, a column per task: exact match at 2x / 3x (mean over runs), the runs that reach
-    EXTRAPOLATES at 2x in parentheses; then the literature's figure. Cells not run are blank."""
+def scheme_table(table, train_length: int, metric: str = "exact_match") -> str:
+    """A row per scheme, a column per task: `metric` at 2x / 3x (mean over runs), for exact match the
+    runs that reach EXTRAPOLATES at 2x in parentheses; then the literature's figure. Cells not run
+    (or run before `metric` was measured) are blank."""
     far = [n for n in sorted(table.length.unique()) if n >= 2 * train_length][:2]
     tasks = list(dict.fromkeys(table.task))
     lines = [f"| scheme | {' | '.join(tasks)} | published (setup) |", "|---|" + "---|" * (len(tasks) + 1)]
@@ -70,22 +71,40 @@ def scheme_table(table, train_length: int) -> str:
         values = []
         for task in tasks:
             cell = rows[rows.task == task]
-            if cell.empty:
+            if cell.empty or metric not in cell or cell[metric].isna().all():
                 values.append("")
                 continue
-            at = cell[cell.length == far[0]] if far else cell
-            runs = at.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
-            means = " / ".join(f"{cell[cell.length == n].exact_match.mean():.2f}" for n in far)
-            values.append(f"{means} ({int((runs >= EXTRAPOLATES).sum())}/{len(runs)})")
+            means = " / ".join(f"{cell[cell.length == n][metric].mean():.2f}" for n in far)
+            if metric == "exact_match":
+                at = cell[cell.length == far[0]] if far else cell
+                runs = at.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
+                means += f" ({int((runs >= EXTRAPOLATES).sum())}/{len(runs)})"
+            values.append(means)
         lines.append(f"| {scheme} | " + " | ".join(values) + f" | {LITERATURE.get(scheme, '')} |")
     return "\n".join(lines)
 
 
-def in_distribution(table, train_length: int) -> str:
+def in_distribution(table, train_length: int, metric: str = "exact_match") -> str:
     """The same rows at the train length: a scheme that does not fit cannot extrapolate."""
     fit = table[table.length == train_length]
-    pivot = fit.groupby(["scheme", "task"], sort=False).exact_match.mean().unstack("task")
+    pivot = fit.groupby(["scheme", "task"], sort=False)[metric].mean().unstack("task")
     return pivot.round(2).to_string()
+
+
+def tables(table, train_length: int, header: str) -> str:
+    """What the docs page and the terminal show: exact match beyond the train length, answer-token
+    accuracy beyond it (Ruoss et al.'s metric; runs saved before it was measured have none), and both
+    in distribution."""
+    text = header + scheme_table(table, train_length)
+    if "answer_token_acc" in table and table.answer_token_acc.notna().any():
+        text += ("\n\nAnswer-token accuracy at the same lengths (the share of answer tokens generated right; "
+                 "Ruoss et al. 2023 score this, on outputs not fed back):\n\n"
+                 + scheme_table(table, train_length, "answer_token_acc"))
+    text += f"\n\nIn distribution ({train_length}), exact match:\n\n```\n{in_distribution(table, train_length)}\n```"
+    if "answer_token_acc" in table and table.answer_token_acc.notna().any():
+        text += (f"\n\nIn distribution ({train_length}), answer-token accuracy:\n\n```\n"
+                 f"{in_distribution(table, train_length, 'answer_token_acc')}\n```")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,15 +168,13 @@ def main(argv: list[str] | None = None) -> int:
               f" (mean over seeds {args.seeds}), in parentheses the runs >= {EXTRAPOLATES} at 2x; train <= "
               f"{train_length}, lr {args.lr}, {', '.join(map(str, sorted(steps)))} steps:\n\n")
     print()
-    print(header + scheme_table(table, train_length))
+    print(tables(table, train_length, header))
     if args.docs:
         key = f"schemes_by_task steps {'/'.join(map(str, sorted(steps)))}" + (
             f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "")
         write_generated(args.docs, key, ("From the runs saved by `--json` (rebuilt with `--from-json`). "
-                                                       if args.from_json else "") + header + scheme_table(table, train_length)
-                        + f"\n\nIn distribution ({train_length}), exact match:\n\n```\n{in_distribution(table, train_length)}\n```",
+                                         if args.from_json else "") + tables(table, train_length, header),
                         argv=command_line(argv))
-    print(f"\nin distribution ({train_length}):\n{in_distribution(table, train_length)}")
     failures = []
     for path in paths:  # a claim may compare cells of two specs (their labels name task and scheme alike)
         if path.stem in train_lengths:

@@ -280,7 +280,8 @@ def test_abacus_needs_a_task_with_digit_places():
 def test_the_schemes_table_has_a_row_per_scheme_and_checks_only_the_claims_it_ran():
     """benchmarks/schemes.py, the README's "which scheme extrapolates where": a row per scheme, a column
     per task, 2x / 3x and the runs that reach 0.95 at 2x; a claim whose cells were filtered out is
-    skipped, one that was run and fails is a failure."""
+    skipped, one that was run and fails is a failure; the reversal claim reads answer-token accuracy
+    (Ruoss et al.'s metric), which has its own table."""
     import pandas as pd
 
     from benchmarks.coupling import check_claims
@@ -291,7 +292,7 @@ def test_the_schemes_table_has_a_row_per_scheme_and_checks_only_the_claims_it_ra
     assert scheme_of(random_) == "learned, randomized" and scheme_of({"positional.abacus": True}).endswith("abacus")
     rows = [{"spec": "schemes_by_task", "cell": cell, "scheme": scheme, "task": "reverse", "seed": seed,
              "data_seed": None, "checkpoint": "last", "own_ids": True, "length": n, "k": None,
-             "exact_match": exact if n > 8 else 1.0}
+             "exact_match": exact if n > 8 else 1.0, "answer_token_acc": 0.5 + exact / 2 if n > 8 else 1.0}
             for cell, scheme, exact_by_seed in (
                 ("encoding=learned,ids=randomized,max_position=96,name=reverse", "learned, randomized", (1.0, 0.5, 0.97)),
                 ("encoding=learned,ids=sequential,max_position=96,name=reverse", "learned, sequential", (0.0, 0.0, 0.0)))
@@ -300,10 +301,14 @@ def test_the_schemes_table_has_a_row_per_scheme_and_checks_only_the_claims_it_ra
     text = scheme_table(table, train_length=8)
     randomized = next(line for line in text.splitlines() if line.startswith("| learned, randomized"))
     assert "0.82 / 0.82 (2/3)" in randomized and LITERATURE["learned, randomized"] in randomized
+    tokens = scheme_table(table, train_length=8, metric="answer_token_acc")
+    assert "| learned, randomized | 0.91 / 0.91 |" in tokens and "| learned, sequential | 0.50 / 0.50 |" in tokens
     assert check_claims(table, "schemes_by_task", 8, only_run=True) == []  # duplicate, multiplication: skipped
     assert check_claims(table, "schemes_by_task", 8)  # not skipped without only_run: "no cell matches"
-    worse = table.assign(exact_match=[0.0 if "randomized" in c else 1.0 for c in table.cell])
+    worse = table.assign(answer_token_acc=[0.0 if "randomized" in c else 1.0 for c in table.cell])
     assert any("randomized" in f for f in check_claims(worse, "schemes_by_task", 8, only_run=True))
+    exact_only = table.assign(exact_match=[0.0 if "randomized" in c else 1.0 for c in table.cell])
+    assert check_claims(exact_only, "schemes_by_task", 8, only_run=True) == []  # not the claim's metric
 
 
 def test_benchmark_cells_pick_by_whole_label_or_part():

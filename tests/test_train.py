@@ -292,3 +292,39 @@ def test_the_trial_configs_defaults_are_the_models():
     assert {k: v for k, v in vars(arch).items() if k != "position_head"} == \
         {k: v for k, v in vars(defaults).items() if k != "position_head"}
     assert ModelSpec().d_model == defaults.d_model and PositionalSpec().max_position == defaults.max_position
+
+
+def test_answer_token_acc_counts_answer_tokens_and_exact_match_whole_outputs(monkeypatch):
+    """Generations right but for one answer token each: answer-token accuracy 1 - 1/(answer tokens
+    of a sample), while no sample is exact or has its answer right (Ruoss et al. score the former)."""
+    import numpy as np
+    import torch
+
+    from models.positions import PositionalScheme
+    from tasks import get_task
+    from trial import evaluate
+
+    task = get_task("reverse", train_length=6, min_length=2)
+    scheme = PositionalScheme("learned", "sequential", 32)
+    truth = {}
+
+    def one_token_wrong(module, prompt, prompt_ids, new, ids, oracle_ids=None, digit_places=None):
+        target = truth["tokens"][:, prompt.shape[1]:].clone()
+        first_answer = truth["answer"][:, prompt.shape[1]:].float().argmax(1)
+        target[torch.arange(len(target)), first_answer] = (target[torch.arange(len(target)), first_answer] + 1) % 3
+        return target, prompt_ids.new_zeros(target.shape)
+
+    real_of = evaluate.Tensors.of
+
+    def keep(batch, ids, device):
+        x = real_of(batch, ids, device)
+        truth["tokens"], truth["answer"] = x.tokens, x.answer_mask
+        return x
+
+    monkeypatch.setattr(evaluate, "generate", one_token_wrong)
+    monkeypatch.setattr(evaluate.Tensors, "of", staticmethod(keep))
+    [rec] = evaluate.evaluate_cell(torch.nn.Module(), task, scheme, 6, None, 8, 8, np.random.default_rng(0), "cpu")
+    answer_tokens = truth["answer"].sum(1)
+    assert (answer_tokens == answer_tokens[0]).all() and answer_tokens[0] > 1
+    assert rec["exact_match"] == 0 and rec["answer_acc"] == 0
+    assert rec["answer_token_acc"] == pytest.approx(1 - 1 / int(answer_tokens[0]))

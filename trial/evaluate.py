@@ -128,7 +128,8 @@ def evaluate_cell(
     was_training = module.training
     module.eval()
     modes = scheme.generation_modes
-    counts = {m: np.zeros(4) for m in modes}  # answer right, exact, ids right, n
+    # answer right, exact, ids right, samples, answer tokens right, answer tokens
+    counts = {m: np.zeros(6) for m in modes}
     done = 0
     while done < samples:
         batch = with_places(task, task.sample(min(batch_size, samples - done), rng, length=length, k=k), scheme)
@@ -151,13 +152,15 @@ def evaluate_cell(
                 right.all(1).sum().item(),
                 (out_ids == oracle).all(1).sum().item(),
                 len(batch),
+                (right & ans).sum().item(),
+                ans.sum().item(),
             ]
     module.train(was_training)
     records = []
     for mode in modes:
-        ans_right, exact, ids_right, n = _all_sum(list(counts[mode]), device)
+        ans_right, exact, ids_right, n, tokens_right, tokens = _all_sum(list(counts[mode]), device)
         rec = {"length": length, "k": k, "ids": mode, "answer_acc": ans_right / n,
-               "exact_match": exact / n, "n": int(n)}
+               "exact_match": exact / n, "answer_token_acc": tokens_right / tokens, "n": int(n)}
         if mode == "predicted":
             rec["id_match"] = ids_right / n
         records.append(rec)

@@ -46,6 +46,8 @@ CATALOGUE: tuple[Metric, ...] = (
     # one cell of the grid (results.csv's rows, trial/evaluate.py)
     Metric("answer_acc", "end", True),
     Metric("exact_match", "end", True),
+    # Ruoss et al. 2023's per-token accuracy, of greedy generation here (their outputs are not fed back)
+    Metric("answer_token_acc", "end", True, doc="answer tokens generated right"),
     Metric("id_match", "end", True, doc="PPC: every predicted id right"),
     # analyses after training (analysis/)
     Metric("loss_gap/*", "end"),

@@ -7,8 +7,8 @@
   and 95% interval over the seeds of that config (the selected trial and its replicas) of the
   summary metrics.
 - summary.csv: per cell x test length x k_test (the model's own ids), the selected config's answer
-  accuracy and exact match over its seeds: mean, 95% t-interval (Student's t, n - 1 degrees of
-  freedom, clipped to [0, 1]; none for one seed) and the number of seeds.
+  accuracy, exact match and answer-token accuracy over its seeds: mean, 95% t-interval (Student's
+  t, n - 1 degrees of freedom, clipped to [0, 1]; none for one seed) and the number of seeds.
 - the figures (study/record/figures.py): accuracy_vs_length.png, accuracy_by_<factor>.png and, for specs
   with a `sparsity:` section, sparsity_vs_extrapolation.png.
 """
@@ -151,8 +151,18 @@ def summarize_seeds(spec: StudySpec, results: pd.DataFrame, selected: pd.DataFra
                          "in_distribution": bool(g.in_distribution.iloc[0]), "seeds": n,
                          "answer_acc": acc, "answer_acc_lo": lo, "answer_acc_hi": hi,
                          "exact_match": exact, "exact_match_lo": elo, "exact_match_hi": ehi,
-                         "runs_solved": float((solved >= EXTRAPOLATES).mean()) if len(solved) else float("nan")})
+                         "runs_solved": float((solved >= EXTRAPOLATES).mean()) if len(solved) else float("nan"),
+                         **_token_interval(g)})
     return pd.DataFrame(rows)
+
+
+def _token_interval(g: pd.DataFrame) -> dict:
+    """answer_token_acc's mean and interval over seeds, where the rows have it (results.csv written
+    before it was measured have not)."""
+    if "answer_token_acc" not in g or g.answer_token_acc.isna().all():
+        return {}
+    mean, lo, hi, _ = interval(g.answer_token_acc, proportion=True)
+    return {"answer_token_acc": mean, "answer_token_acc_lo": lo, "answer_token_acc_hi": hi}
 
 
 def train_sizes(task: dict) -> tuple[int, int | None]:
