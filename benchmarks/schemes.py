@@ -60,6 +60,12 @@ def scheme_of(factors: dict) -> str:
     return name + (", abacus" if factors.get("positional.abacus") else "")
 
 
+def task_of(task: dict) -> str:
+    """A cell's task as the table names it: its name, and the operands' order where it is not Cho et al.'s."""
+    order = task.get("params", {}).get("operand_order", "msb_first")
+    return task["name"] + ("" if order == "msb_first" else f" ({order})")
+
+
 def scheme_table(table, train_length: int, metric: str = "exact_match") -> str:
     """A row per scheme, a column per task: `metric` at 2x / 3x (mean over runs), for exact match the
     runs that reach EXTRAPOLATES at 2x in parentheses; then the literature's figure. Cells not run
@@ -146,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     if not jobs:
         print(f"error: --cells {args.cells}: no cell of {[p.stem for p in paths]} matches", file=sys.stderr)
         return 2
-    seen, unique = set(), []  # a (scheme, task) in two specs runs once, from the first
+    seen, unique = set(), []  # a (scheme, task) in two specs runs once, from the first, unless set up apart
     for job in jobs:
-        key = (scheme_of(job["factors"]), job["trial"]["task"]["name"], job["trial"]["seed"])
+        key = (scheme_of(job["factors"]), json.dumps(job["trial"]["task"], sort_keys=True), job["trial"]["seed"])
         if key not in seen:
             seen.add(key)
             unique.append(job)
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     table = pd.DataFrame(rows)
     names = {(j["spec"], j["cell"]): j for j in unique}
     table["scheme"] = [scheme_of(names[(s, c)]["factors"]) for s, c in zip(table.spec, table.cell)]
-    table["task"] = [names[(s, c)]["trial"]["task"]["name"] for s, c in zip(table.spec, table.cell)]
+    table["task"] = [task_of(names[(s, c)]["trial"]["task"]) for s, c in zip(table.spec, table.cell)]
     table = table[table.own_ids & (table.checkpoint == "last")]
     train_length = max(train_lengths.values())
     steps = {j["trial"]["optim"].get("steps") for j in unique}

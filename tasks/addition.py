@@ -11,7 +11,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import BOS, Batch, Task, TaskParamError, Vocab, make_batch, require_int, with_bos
+from .base import (
+    BOS,
+    Batch,
+    Task,
+    TaskParamError,
+    Vocab,
+    check_operand_order,
+    make_batch,
+    operands_lsb_first,
+    require_int,
+    with_bos,
+)
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -30,8 +41,10 @@ class AdditionTask(Task):
     local_coupling: ClassVar[bool] = True
     default_train_length: ClassVar[int] = 5
 
-    def __init__(self, *, operands: str = "equal", **common: Any) -> None:
+    def __init__(self, *, operands: str = "equal", operand_order: str = "msb_first", **common: Any) -> None:
         super().__init__(**common)
+        # msb_first as Cho et al. write them; lsb_first as Abacus and FIRE's addition results were measured
+        self.operand_order = check_operand_order(operand_order)
         if operands not in ("equal", "independent"):
             raise TaskParamError("operands", f"expected 'equal' or 'independent', got {operands!r}")
         # training draws: both operands with the sample's length (equal), or each operand's length
@@ -123,7 +136,8 @@ class AdditionTask(Task):
             deps.append([])  # <eos>
             meta.append({"a": _msb_first(a[i, :length]), "b": _msb_first(b[i, :length]), "length": length,
                          "deps": deps})
-        return make_batch(
+        batch = make_batch(
             tokens, position_ids, 2 * lengths + 2, 3 * lengths + 4, in_c, answers, meta,
             pad_id=self.vocab.pad_id,
         )
+        return operands_lsb_first(batch, self._digit_ids) if self.operand_order == "lsb_first" else batch

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Batch, Task, Vocab, make_batch
+from .base import Batch, Task, Vocab, check_operand_order, make_batch, operands_lsb_first
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -75,12 +75,13 @@ class MultiplicationTask(Task):
     default_train_length: ClassVar[int] = 5
     default_train_k: ClassVar[int | None] = 2
 
-    def __init__(self, *, min_k: Any = None, **common: Any) -> None:
+    def __init__(self, *, min_k: Any = None, operand_order: str = "msb_first", **common: Any) -> None:
         # M is fixed unless asked otherwise: the reference trains N x 2 only, never N x 1
         if min_k is None:
             min_k = common.get("train_k") if common.get("train_k") is not None else self.default_train_k
         super().__init__(min_k=min_k, **common)
         self._digit_ids = self.vocab.ids(DIGITS)
+        self.operand_order = check_operand_order(operand_order)  # lsb_first: as Abacus writes numbers
 
     def _build_vocab(self) -> Vocab:
         return Vocab([*DIGITS, "*", "="])
@@ -148,5 +149,6 @@ class MultiplicationTask(Task):
             answers.append(_msb_first(c[s, : ns + ms]))
             meta.append({"a": _msb_first(a[s, :ns]), "b": _msb_first(b[s, :ms]), "length": ns, "k": ms,
                          "deps": product_deps(ns, ms)})
-        return make_batch(tokens, position_ids, lengths + ks + 2, 2 * (lengths + ks) + 3, in_c, answers, meta,
-                          pad_id=self.vocab.pad_id)
+        batch = make_batch(tokens, position_ids, lengths + ks + 2, 2 * (lengths + ks) + 3, in_c, answers, meta,
+                           pad_id=self.vocab.pad_id)
+        return operands_lsb_first(batch, self._digit_ids) if self.operand_order == "lsb_first" else batch

@@ -341,11 +341,13 @@ def test_nonlocal_couplings_are_declared_and_grow_with_length(name, params):
 # --- dependencies: meta["deps"] names the tokens that determine each target --------------------
 
 
-def next_token(name: str, prefix: list[str]) -> str:
+def next_token(name: str, prefix: list[str], lsb_first: bool = False) -> str:
     """A reference of each task's rule: the token that follows `prefix` (the sequence so far, as
-    written: teacher forcing), read off the sequence itself and never from meta."""
+    written: teacher forcing), read off the sequence itself and never from meta. lsb_first: the
+    operands of addition and multiplication are written least significant digit first."""
     if prefix[0] == "<bos>":
-        return next_token(name, prefix[1:])
+        return next_token(name, prefix[1:], lsb_first)
+    order = 1 if lsb_first else -1  # read operands from their least significant digit
     t, eq = len(prefix), prefix.index("=")
     if name == "copy":  # x_0 .. x_{n-1} = x_0 .. x_{n-1} <eos>
         i = t - eq - 1
@@ -366,7 +368,7 @@ def next_token(name: str, prefix: list[str]) -> str:
         return str(int(prefix[-1]) ^ (prefix[marks[i - 1]] == "B")) if i <= len(marks) else "<eos>"
     if name == "addition":  # a + b = c_0 .. c_n <eos>, digits of the sum least significant first
         plus = prefix.index("+")
-        a, b = prefix[:plus][::-1], prefix[plus + 1:eq][::-1]  # a[j]: the digit of 10^j
+        a, b = prefix[:plus][::order], prefix[plus + 1:eq][::order]  # a[j]: the digit of 10^j
         j = t - eq - 1
         if j > len(a):
             return "<eos>"
@@ -385,7 +387,7 @@ def next_token(name: str, prefix: list[str]) -> str:
         return sorted(prefix[:eq], key=int)[i] if i < eq else "<eos>"
     if name == "multiplication":  # a * b = c_0 .. c_{N+M-1} <eos>, the product least significant first
         star = prefix.index("*")
-        a, b = [int(x) for x in prefix[:star][::-1]], [int(x) for x in prefix[star + 1:eq][::-1]]
+        a, b = [int(x) for x in prefix[:star][::order]], [int(x) for x in prefix[star + 1:eq][::order]]
         c = [int(x) for x in prefix[eq + 1:]]  # c[j]: the product digit of 10^j written so far
         j = len(c)
         if j == len(a) + len(b):
@@ -405,7 +407,9 @@ def next_token(name: str, prefix: list[str]) -> str:
 DEPS_CASES = [("sparse_parity", {}, 12, True), ("parity_scratchpad", {"train_k": 4}, 12, True),
               ("parity", {}, 8, True), ("copy", {}, 8, True), ("addition", {}, 5, False),
               ("addition", {"bos": True}, 4, False), ("reverse", {}, 8, True), ("duplicate", {}, 6, True),
-              ("sort", {}, 5, False), ("multiplication", {}, 5, False)]
+              ("sort", {}, 5, False), ("multiplication", {}, 5, False),
+              ("addition", {"operand_order": "lsb_first", "bos": True}, 5, False),
+              ("multiplication", {"operand_order": "lsb_first"}, 5, False)]
 # variable_assignment's deps say where each step's value is read (the `y` of `x = y ;`); which
 # statement that is comes from a content lookup (every `x`, and the predicting token itself) that
 # they leave to the position head by design (tasks/variable_assignment.py), so a single-token
@@ -419,7 +423,8 @@ def test_every_generating_task_has_its_dependencies_checked():
 
 
 @pytest.mark.parametrize("name,params,length,every_sample", DEPS_CASES,
-                         ids=[f"{c[0]}{'-bos' if c[1].get('bos') else ''}" for c in DEPS_CASES])
+                         ids=[f"{c[0]}{'-bos' if c[1].get('bos') else ''}{'-lsb' if c[1].get('operand_order') else ''}"
+                              for c in DEPS_CASES])
 def test_dependencies_are_the_tokens_that_determine_each_target(name, params, length, every_sample):
     """Per target: changing any earlier token outside meta["deps"] to another of its value class
     (0 <-> 1, A <-> B, digit <-> digit) leaves the reference's next token as it was, and changing a
@@ -427,14 +432,15 @@ def test_dependencies_are_the_tokens_that_determine_each_target(name, params, le
     task = get_task(name, train_length=max(length, 6), **params)
     others = {tok: [o for o in group if o != tok] for group in task.value_classes() for tok in group}
     batch = task.sample(16, rng(17), length=length, k=3 if task.uses_k else None)
+    lsb = params.get("operand_order") == "lsb_first"
     live: dict[tuple[int, int], list[bool]] = {}  # (target, dependency) -> per sample: it mattered
     for b, (tokens, *_) in enumerate(rows(task, batch)):
         targets, deps = np.flatnonzero(batch.loss_mask[b]), batch.meta[b]["deps"]
         assert len(deps) == len(targets)
         for i, (t, dep) in enumerate(zip(targets, deps)):
-            assert next_token(name, tokens[:t]) == tokens[t], (tokens, t)  # the reference is the rule
+            assert next_token(name, tokens[:t], lsb) == tokens[t], (tokens, t)  # the reference is the rule
             for p in range(t):
-                changes = [next_token(name, tokens[:p] + [o] + tokens[p + 1:t]) != tokens[t]
+                changes = [next_token(name, tokens[:p] + [o] + tokens[p + 1:t], lsb) != tokens[t]
                            for o in others.get(tokens[p], [])]
                 if p in dep:
                     if changes:
@@ -526,6 +532,27 @@ def test_bos_prepends_one_token_at_id_zero_and_keeps_the_coupling(name, params):
     assert bos.max_position_id(9, k) == plain.max_position_id(9, k) + 1
     assert bos.max_seq_len(9, k) == plain.max_seq_len(9, k) + 1
     assert dependency_offsets(bos, 24, k) == dependency_offsets(plain, 24, k)
+
+
+@pytest.mark.parametrize("name,params", [("addition", {"operands": "independent", "bos": True}),
+                                         ("multiplication", {"train_k": 3})])
+def test_operands_written_least_significant_first_are_the_same_numbers_reversed(name, params):
+    """operand_order lsb_first (Abacus's and Zhou et al.'s format): the same draws, each operand's
+    digits in reverse, each operand starting at significance 0's id, the answer as it was."""
+    msb_task = get_task(name, train_length=6, **params)
+    lsb_task = get_task(name, train_length=6, operand_order="lsb_first", **params)
+    msb, lsb = msb_task.sample(32, rng(5)), lsb_task.sample(32, rng(5))
+    assert msb.answers == lsb.answers and np.array_equal(msb.loss_mask, lsb.loss_mask)
+    digits = {str(d) for d in range(10)}
+    for (m, *_), (s, ids, *_) in zip(rows(msb_task, msb), rows(lsb_task, lsb)):
+        eq = m.index("=")
+        assert s[eq:] == m[eq:]
+        runs = lambda toks: "".join(t if t in digits else " " for t in toks[:eq]).split()  # noqa: E731
+        assert runs(s) == [r[::-1] for r in runs(m)]
+        first = [i for i in range(eq) if s[i] in digits and (i == 0 or s[i - 1] not in digits)]
+        assert len(first) == 2 and ids[first[0]] == ids[first[1]] == ids[eq + 1]  # as the answer's c_0
+    with pytest.raises(TaskParamError, match="operand_order"):
+        get_task(name, operand_order="backwards")
 
 
 def test_addition_with_operand_lengths_drawn_independently():
