@@ -141,10 +141,11 @@ def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
     from study.spec.schema import StudySpec
 
     records = [{"length": n, "k": None, "ids": "coupled", "answer_acc": acc, "exact_match": acc,
-                "in_distribution": n == 8, "checkpoint": checkpoint}
+                "answer_token_acc": (1 + acc) / 2, "in_distribution": n == 8, "checkpoint": checkpoint}
                for checkpoint, acc in (("last", 0.25), ("best", 1.0)) for n in (8, 16)]
     keys = {m.key: m.value for m in extrapolation_metrics(records, now=0) if m.step == 16 or "at_len" in m.key}
     assert keys["exact_len/kall"] == 0.25 and keys["best/exact_len/kall"] == 1.0
+    assert keys["token_acc_len/kall"] == 0.625 and keys["best/token_acc_len/kall"] == 1.0
     assert keys["acc_at_len16/kall"] == 0.25 and keys["best/acc_at_len16/kall"] == 1.0
 
     spec = StudySpec.model_validate({"name": "s", "task": {"name": "addition", "params": {"train_length": 8}},

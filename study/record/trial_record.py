@@ -85,7 +85,8 @@ def _grid_metrics(records: list[dict], now: int) -> list[Metric]:
     for r in records:
         suffix = "" if r["ids"] == primary else f"/{r['ids']}"
         k = "all" if r["k"] is None else r["k"]
-        for key, value in (("acc_len", r["answer_acc"]), ("exact_len", r["exact_match"]), ("loss_len", r.get("loss"))):
+        for key, value in (("acc_len", r["answer_acc"]), ("exact_len", r["exact_match"]),
+                           ("token_acc_len", r.get("answer_token_acc")), ("loss_len", r.get("loss"))):
             if value is not None and math.isfinite(value):
                 out.append(Metric(f"{key}/k{k}{suffix}", value, now, int(r["length"])))
     # flat keys that say their length: the runs table shows a metric's last step only, which for
