@@ -348,3 +348,26 @@ def test_benchmark_tables_name_what_differs_and_the_command_that_trains_them():
                                                                       "d=1,n=3": "n=3"}
     assert differing(["d=1", "d=1,init=t5"]) == {"d=1": "base", "d=1,init=t5": "init=t5"}
     assert differing(["only"]) == {"only": "only"}
+
+
+def test_the_schemes_docs_keep_a_table_per_set_of_tasks(tmp_path):
+    """`--docs` of a run over other tasks adds its table beside the earlier one (same steps and seeds)
+    instead of replacing it; from saved runs, so nothing trains."""
+    import json
+
+    from benchmarks.schemes import main
+
+    docs = tmp_path / "schemes.md"
+    docs.write_text("# schemes\n")
+    for task in ("reverse", "duplicate"):
+        cells = [f"encoding=learned,ids={ids},max_position=96,name={task}" for ids in ("sequential", "randomized")]
+        rows = [{"spec": "schemes_by_task", "cell": cell, "seed": 0, "data_seed": None, "checkpoint": "last",
+                 "length": n, "k": None, "ids": "sequential", "own_ids": True, "exact_match": 1.0 if n == 8 else 0.0,
+                 "answer_token_acc": 0.5} for cell in cells for n in (8, 16, 24)]
+        saved = tmp_path / f"{task}.json"
+        saved.write_text(json.dumps({"seeds": [0], "rows": rows}))
+        assert main(["--cells", *cells, "--seeds", "0", "--steps", "6000", "--from-json", str(saved),
+                     "--docs", str(docs)]) in (0, 1)  # 1: the claim fails on these made-up rows
+    text = docs.read_text()
+    assert "<!-- generated: schemes_by_task reverse steps 6000 seeds 0 -->" in text
+    assert "<!-- generated: schemes_by_task duplicate steps 6000 seeds 0 -->" in text
