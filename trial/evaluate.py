@@ -159,8 +159,8 @@ def evaluate_cell(
     records = []
     for mode in modes:
         ans_right, exact, ids_right, n, tokens_right, tokens = _all_sum(list(counts[mode]), device)
-        rec = {"length": length, "k": k, "ids": mode, "answer_acc": ans_right / n,
-               "exact_match": exact / n, "answer_token_acc": tokens_right / tokens, "n": int(n)}
+        rec = {"length": length, "k": k, "ids": mode, "answer_acc": ans_right / n, "exact_match": exact / n,
+               "answer_token_acc": tokens_right / tokens if tokens else float("nan"), "n": int(n)}
         if mode == "predicted":
             rec["id_match"] = ids_right / n
         records.append(rec)
