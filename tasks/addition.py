@@ -17,12 +17,11 @@ from .base import (
     Task,
     TaskParamError,
     Vocab,
-    check_operand_order,
     make_batch,
-    operands_lsb_first,
     require_int,
     with_bos,
 )
+from .operands import check_operand_order, operands_lsb_first
 
 DIGITS = [str(d) for d in range(10)]
 

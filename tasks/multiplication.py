@@ -32,7 +32,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import Batch, Task, Vocab, check_operand_order, make_batch, operands_lsb_first
+from .base import Batch, Task, Vocab, make_batch
+from .operands import check_operand_order, operands_lsb_first
 
 DIGITS = [str(d) for d in range(10)]
 

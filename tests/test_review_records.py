@@ -252,3 +252,26 @@ def test_resume_of_a_study_whose_experiment_was_deleted_is_refused(tmp_path, cap
     capsys.readouterr()
     line = refused(["--storage", str(storage), "--resume"], capsys, "experiment 'smoke'")
     assert "deleted" in line and "restore" in line, line
+
+
+def test_a_result_recorded_again_after_its_answer_was_lost_is_one_point_per_step(tmp_path):
+    """MLflow stopped after it took a batch but before it answered (a server killed mid-request): the
+    backlog replays that result. It keeps its event's timestamp, so MLflow's store keeps one point,
+    not two at the same step (a real SQLite store; the lost answer is the replay of a taken entry)."""
+    import time
+    from types import SimpleNamespace
+
+    from study.experiment.search import CellSearcher
+    from study.record.tracking import StudyTracker
+
+    t = tracker(tmp_path, str(tmp_path / "studies" / "smoke"), str(tmp_path / "studies" / "mlartifacts" / "smoke"))
+    config = CellSearcher(t.spec, {"workers_per_trial": 1}).suggest("t0")
+    trial = SimpleNamespace(trial_id="abc_00000", config=config)
+    # a backlog entry as the hook holds it: the hook, its arguments, when it happened
+    held = (StudyTracker.on_trial_result.__wrapped__, (0, [], trial, {"step": 20, "val_loss": 0.5}), {}, time.time())
+    for _ in range(2):  # taken, then replayed because its answer was lost
+        t.backlog.append(held)
+        t.flush()
+        time.sleep(0.01)
+    history = t.client.get_metric_history(t.children[trial.trial_id], "val_loss")
+    assert [(m.step, m.value) for m in history] == [(20, 0.5)]

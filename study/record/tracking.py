@@ -64,7 +64,7 @@ def held_in_order(hook):
     def call(self, *args, **kwargs):
         if self._w_failure is not None:
             raise self._w_failure
-        self.backlog.append((hook, args, kwargs))
+        self.backlog.append((hook, args, kwargs, time.time()))  # when it happened: a replay keeps it
         self._wake()
     return call
 
@@ -145,6 +145,7 @@ class StudyTracker(Callback):
         self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
         self.backlog: collections.deque = collections.deque()  # hooks MLflow has not taken yet
         self.retry_at = 0.0
+        self.event_ms = 0  # the time of the held event being recorded (drain)
         self._writer_state()
         self.down_since: float | None = None
         self.last_error = ""  # what MLflow last answered instead of taking an event
@@ -182,7 +183,10 @@ class StudyTracker(Callback):
         RETRY_S before trying again, unless `force`)."""
         with self._w_lock:
             while self.backlog and (force or time.time() >= self.retry_at):
-                hook, args, kwargs = self.backlog[0]
+                hook, args, kwargs, held_at = self.backlog[0]
+                # a metric's timestamp is its event's, so a call replayed after MLflow took it but its
+                # answer was lost logs the same metric again, which MLflow's store keeps once
+                self.event_ms = int(held_at * 1000)
                 try:
                     hook(self, *args, **kwargs)
                 except RECORDING_ERRORS as e:
@@ -210,8 +214,8 @@ class StudyTracker(Callback):
             if time.time() >= deadline:
                 break
             time.sleep(min(RETRY_S, max(0.0, deadline - time.time())))
-        held = collections.Counter(hook.__name__ for hook, _, _ in self.backlog)
-        trials = sorted({a.trial_id for _, args, kw in self.backlog for a in [*args, *kw.values()] if hasattr(a, "trial_id")})
+        held = collections.Counter(hook.__name__ for hook, *_ in self.backlog)
+        trials = sorted({a.trial_id for _, args, kw, _ in self.backlog for a in [*args, *kw.values()] if hasattr(a, "trial_id")})
         raise MlflowException(f"{self.tracking_uri} did not take {len(self.backlog)} event(s) (last error: "
                               f"{self.last_error}): not recorded "
                               f"({', '.join(f'{n} x{c}' for n, c in held.items())}; trials {', '.join(trials) or '-'})")
@@ -257,7 +261,7 @@ class StudyTracker(Callback):
         if run_id in self.finished_before:
             return
         step = int(result.get("step", result.get("training_iteration", 0)))
-        now = int(time.time() * 1000)
+        now = self.event_ms
         metrics = [Metric(k, float(v), now, step) for k, v in result.items() if is_metric(k, v)]
         scheduled_at, first_step_at = trial.config.get("scheduled_at", 0), result.get("startup/first_step_at")
         if first_step_at and scheduled_at > self.session_start and self.starts.get(trial.trial_id) == 1:
