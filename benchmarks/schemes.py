@@ -101,13 +101,14 @@ def tables(table, train_length: int, header: str) -> str:
     """What the docs page and the terminal show: exact match beyond the train length, answer-token
     accuracy beyond it (Ruoss et al.'s metric; runs saved before it was measured have none), and both
     in distribution."""
+    tokens = "answer_token_acc" in table and table.answer_token_acc.notna().any()
     text = header + scheme_table(table, train_length)
-    if "answer_token_acc" in table and table.answer_token_acc.notna().any():
+    if tokens:
         text += ("\n\nAnswer-token accuracy at the same lengths (the share of answer tokens generated right; "
                  "Ruoss et al. 2023 score this, on outputs not fed back):\n\n"
                  + scheme_table(table, train_length, "answer_token_acc"))
     text += f"\n\nIn distribution ({train_length}), exact match:\n\n```\n{in_distribution(table, train_length)}\n```"
-    if "answer_token_acc" in table and table.answer_token_acc.notna().any():
+    if tokens:
         text += (f"\n\nIn distribution ({train_length}), answer-token accuracy:\n\n```\n"
                  f"{in_distribution(table, train_length, 'answer_token_acc')}\n```")
     return text

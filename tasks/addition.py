@@ -11,16 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import (
-    BOS,
-    Batch,
-    Task,
-    TaskParamError,
-    Vocab,
-    make_batch,
-    require_int,
-    with_bos,
-)
+from .base import BOS, Batch, Task, TaskParamError, Vocab, make_batch, require_int, with_bos
 from .operands import check_operand_order, operands_lsb_first
 
 DIGITS = [str(d) for d in range(10)]

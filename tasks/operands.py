@@ -22,21 +22,17 @@ def operands_lsb_first(batch: Batch, digit_ids: np.ndarray) -> Batch:
     """The batch with each operand (a run of digits in the prompt) written least significant digit
     first, as Abacus (McLeish et al. 2024) and Zhou et al. 2024 write addition: every digit keeps its
     token, its id and what depends on it, only its column moves (and `meta["deps"]` with it)."""
-    tokens, ids = batch.tokens.copy(), batch.position_ids.copy()
-    meta = []
-    for b in range(len(batch)):
-        order = np.arange(tokens.shape[1])  # the old column of each new one
-        digit = np.isin(batch.tokens[b, : batch.prompt_len[b]], digit_ids)
-        start = None
-        for col in range(len(digit) + 1):
-            if col < len(digit) and digit[col]:
-                start = col if start is None else start
-            elif start is not None:
-                order[start:col] = order[start:col][::-1]
-                start = None
-        tokens[b], ids[b] = batch.tokens[b, order], batch.position_ids[b, order]
-        new_col = np.argsort(order)
-        m = batch.meta[b]
-        meta.append(dict(m, deps=[[int(new_col[p]) for p in d] for d in m["deps"]]) if "deps" in m else m)
-    return Batch(tokens=tokens, position_ids=ids, loss_mask=batch.loss_mask, answer_mask=batch.answer_mask,
-                 prompt_len=batch.prompt_len, seq_len=batch.seq_len, answers=batch.answers, meta=meta)
+    cols = np.broadcast_to(np.arange(batch.tokens.shape[1]), batch.tokens.shape)
+    digit = np.isin(batch.tokens, digit_ids) & (cols < batch.prompt_len[:, None])
+    before = np.pad(digit, ((0, 0), (1, 0)))[:, :-1]
+    after = np.pad(digit, ((0, 0), (0, 1)))[:, 1:]
+    start = np.maximum.accumulate(np.where(digit & ~before, cols, 0), axis=1)  # of the run a column is in
+    end = np.minimum.accumulate(np.where(digit & ~after, cols, cols.shape[1])[:, ::-1], axis=1)[:, ::-1]
+    # the old column of each new one; a reversal is its own inverse, so also the new column of each old one
+    order = np.where(digit, start + end - cols, cols)
+    rows = np.arange(len(batch))[:, None]
+    meta = [dict(m, deps=[[int(order[b, p]) for p in d] for d in m["deps"]]) if "deps" in m else m
+            for b, m in enumerate(batch.meta)]
+    return Batch(tokens=batch.tokens[rows, order], position_ids=batch.position_ids[rows, order],
+                 loss_mask=batch.loss_mask, answer_mask=batch.answer_mask, prompt_len=batch.prompt_len,
+                 seq_len=batch.seq_len, answers=batch.answers, meta=meta)
