@@ -236,13 +236,17 @@ def check_claims(table, name: str, train_length: int, only_run: bool = False) ->
 EXTRAPOLATES = 0.95  # exact match at 2x from which a run counts as extrapolating (Zhou et al. report the fraction)
 
 
+def counted_at(lengths, train_length: int) -> int | None:
+    """The length the runs column counts at: the shortest test length >= 2x train (None: none is)."""
+    return min((n for n in lengths if n >= 2 * train_length), default=None)
+
+
 def extrapolating(group, train_length: int) -> str:
-    """How many runs (seed, data seed) of a row reach EXTRAPOLATES at the shortest length >= 2x train
-    (mean over its ks), as "n/N"; "-" without such a length."""
-    far = group[group.length >= 2 * train_length]
-    if far.empty:
+    """How many runs (seed, data seed) of a row reach EXTRAPOLATES at `counted_at` (mean over its
+    ks), as "n/N"; "-" without such a length."""
+    if (at_length := counted_at(group.length.unique(), train_length)) is None:
         return "-"
-    at = far[far.length == far.length.min()]
+    at = group[group.length == at_length]
     runs = at.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
     return f"{int((runs >= EXTRAPOLATES).sum())}/{len(runs)}"
 
@@ -260,7 +264,7 @@ def differing(cells: list[str]) -> dict[str, str]:
 def markdown(part, train_length: int) -> str:
     """One spec's table as the docs print it: a row per cell (the factors that differ), checkpoint and id mode (PPC: its own
     ids, then the same models fed the oracle's), a column per test length; mean [min-max] over the
-    runs, the ks of a cell joined with " / "; last, the runs that extrapolate (>= 0.95 exact at 2x)."""
+    runs, the ks of a cell joined with " / "; last, the runs that extrapolate (`extrapolating`)."""
     lengths = sorted(part.length.unique())
 
     def entry(group) -> str:
@@ -271,7 +275,9 @@ def markdown(part, train_length: int) -> str:
         return " / ".join(cells)
 
     head = [f"{n} ({n / train_length:g}x)" if n > train_length else f"{n} (in dist.)" for n in lengths]
-    lines = ["| cell | ids | " + " | ".join(head) + " | runs >= 0.95 at 2x |",
+    at_length = counted_at(lengths, train_length)
+    at = f"{at_length / train_length:g}x" if at_length else "2x"
+    lines = ["| cell | ids | " + " | ".join(head) + f" | runs >= {EXTRAPOLATES} at {at} |",
              "|---|---|" + "---|" * (len(lengths) + 1)]
     selected = part.checkpoint.nunique() > 1
     shown = differing(list(dict.fromkeys(part.cell)))
@@ -336,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from benchmarks.docs import write_generated
-    from benchmarks.trajectory import plot_trajectory, trajectory
+    from benchmarks.trajectory import plot_trajectory, trajectory, trajectory_markdown
     from trial.yaml_io import describe_errors
 
     plans = []
@@ -367,8 +373,10 @@ def main(argv: list[str] | None = None) -> int:
             key = name + (f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "") \
                 + (f" lengths {' '.join(map(str, args.lengths))}" if args.lengths else "")
             saved = "From the runs saved by `--json` (rebuilt with `--from-json`). " if args.from_json else ""
-            write_generated(args.docs, key, f"{saved}{title[0].upper()}{title[1:]}:\n\n{markdown(part, train_length)}",
-                            argv=command_line(argv))
+            tracked = [point for point in series if point["spec"] == name]
+            labels = differing(list(dict.fromkeys(part.cell)))
+            write_generated(args.docs, key, f"{saved}{title[0].upper()}{title[1:]}:\n\n{markdown(part, train_length)}"
+                            + trajectory_markdown(tracked, train_length, labels), argv=command_line(argv))
         part = part[part.own_ids]
         summary = part.groupby(["cell", "checkpoint", "k", "length"], dropna=False).exact_match.agg(["mean", "min", "max"])
         print(f"\n{name} (train length {train_length}): exact match over seeds {args.seeds}")

@@ -19,6 +19,35 @@ def trajectory(series, every: int = 1) -> str:
     return "\n".join(out)
 
 
+def trajectory_markdown(series, train_length: int, labels: dict[str, str], columns: int = 8) -> str:
+    """The tracked series as the docs print them ("" without any): a row per cell and metric, a
+    column per report (at most `columns`, evenly spaced, the last kept), mean over the seeds that
+    tracked it; `labels` names each cell as its table does."""
+    import pandas as pd
+
+    if not series:
+        return ""
+    frame = pd.DataFrame(series)
+    steps = sorted(frame.step.unique())
+    steps = [steps[round(i * (len(steps) - 1) / (columns - 1))] for i in range(columns)] \
+        if len(steps) > columns else steps
+    lengths = sorted({int(c.split("/")[1][3:]) for c in frame.columns if c.startswith("track/len")})
+    names = {f"track/len{n}/{m}": f"{m} at {n} ({n / train_length:g}x)" for n in lengths
+             for m in ("exact", "loss", "margin")}
+    names |= {"select/exact": "exact on the selection set", "select/loss": "loss on the selection set"}
+    lines = ["| cell | tracked | seeds | " + " | ".join(f"step {s:,}" for s in steps) + " |",
+             "|---|---|---|" + "---|" * len(steps)]
+    for cell, group in frame.groupby("cell", sort=False):
+        means = group.groupby("step")[[c for c in names if c in group]].mean().reindex(steps)
+        for column, name in names.items():
+            if column in means and means[column].notna().any():
+                values = " | ".join("" if pd.isna(v) else f"{v:.2f}" for v in means[column])
+                lines.append(f"| `{labels.get(cell, cell)}` | {name} | {group.seed.nunique()} | {values} |")
+    return ("\n\nTracked while training (`eval.track`: teacher-forced on held-out samples, the margin of the "
+            "matching key over the best key farther than any trained id distance; `eval.select`), mean over "
+            "seeds:\n\n" + "\n".join(lines))
+
+
 def plot_trajectory(series, path: str) -> str:
     """The tracked series against training steps, a column per tracked length: exact match, loss and
     the attention margin (trained-distance keys over untrained ones); a line per cell, mean over

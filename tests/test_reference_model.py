@@ -131,6 +131,13 @@ def test_coupling_tables_count_the_runs_that_extrapolate_per_checkpoint():
     last, best = [line for line in table.splitlines() if line.startswith("| `c`")]
     assert "last checkpoint" in last and last.endswith("| 2/4 |")
     assert "best checkpoint" in best and best.endswith("| 4/4 |")
+    assert "| runs >= 0.95 at 2x |" in table
+
+    # without a 2x length the runs are counted at the shortest length beyond it, and the header says so
+    longer = pd.DataFrame([{**r, "length": {16: 20}.get(r["length"], r["length"])} for r in rows])
+    table = markdown(longer, train_length=8)
+    assert "| 20 (2.5x) | 24 (3x) | runs >= 0.95 at 2.5x |" in table
+    assert [line for line in table.splitlines() if line.startswith("| `c`")][1].endswith("| 4/4 |")
 
 
 def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
@@ -171,3 +178,17 @@ def test_the_tracked_series_plot_has_a_panel_per_length_and_metric(tmp_path):
     assert (tmp_path / "t.png").stat().st_size > 10_000
     table = trajectory(series)
     assert "track/len24/margin" in table and "500" in table
+
+
+def test_the_docs_print_the_tracked_series_a_row_per_cell_and_metric_mean_over_seeds():
+    from benchmarks.trajectory import trajectory_markdown
+
+    series = [{"spec": "s", "cell": cell, "seed": seed, "step": step, "track/len16/exact": seed / 2 + step / 1000,
+               "track/len16/loss": 1.0, "select/exact": None}
+              for cell in ("long,a", "long,b") for seed in (0, 1) for step in range(100, 1100, 100)]
+    lines = trajectory_markdown(series, train_length=8, labels={"long,a": "a"}, columns=4).splitlines()
+    assert lines[-6] == "| cell | tracked | seeds | step 100 | step 400 | step 700 | step 1,000 |"
+    assert "| `a` | exact at 16 (2x) | 2 | 0.35 | 0.65 | 0.95 | 1.25 |" in lines
+    assert "| `long,b` | loss at 16 (2x) | 2 | 1.00 | 1.00 | 1.00 | 1.00 |" in lines
+    assert not any("selection" in line for line in lines)  # a metric no seed tracked gets no row
+    assert trajectory_markdown([], 8, {}) == ""
