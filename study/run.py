@@ -200,13 +200,9 @@ def run_command(args) -> int:
         return _dry_run(args, spec, concurrency)
     stored = _checked_study_folder(args, spec, storage, study_dir, address)
     if not address:
-        from trial.session import StaleBuildLock, check_build_locks, pin_extension_builds
+        from trial.session import pin_extension_builds
 
         pin_extension_builds()  # the trials' build folder and ninja, inherited by the embedded Ray
-        try:  # the trials would hang on it (on a cluster each trial checks its own node)
-            check_build_locks()
-        except StaleBuildLock as e:
-            raise StudyExit(1, f"error: {e}") from None
         os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
     tracking_uri = _tracking_uri(args, storage, study_dir)
     experiment = _checked_record(spec, study_dir, tracking_uri, stored)

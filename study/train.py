@@ -16,7 +16,6 @@ import torch
 from analysis import ANALYSES
 from trial.config import TrialConfig, load_trial_config
 from trial.loop import Diverged, train_loop_per_worker
-from trial.session import StaleBuildLock
 from trial.yaml_io import describe_errors
 
 
@@ -50,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     try:
         result = train_loop_per_worker(cfg, analyses=ANALYSES)
-    except (Diverged, StaleBuildLock) as e:
+    except Diverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     table = pd.DataFrame(result["records"])

@@ -32,6 +32,7 @@ from trial.evaluate import (
     with_places,
 )
 from trial.session import LocalSession, Session, import_deepspeed, setup_distributed
+from trial.staging import checkpoint_staging, remove_abandoned
 
 CONFIG_FILE = "trial_config.json"
 # an analysis run after training: (module, task, config, device) -> (flat metrics, extra records)
@@ -71,8 +72,9 @@ def load_trained(checkpoint_dir: str):
     folder, or a URI in the study's bucket (copied to a temporary folder first)."""
     from trial import storage
 
-    if storage.is_uri(checkpoint_dir):
-        checkpoint_dir = storage.download_dir(checkpoint_dir, tempfile.mkdtemp(prefix="checkpoint-"))
+    if storage.is_uri(checkpoint_dir):  # everything is in memory when it returns, so the copy can go
+        with tempfile.TemporaryDirectory(prefix="checkpoint-") as local:
+            return load_trained(storage.download_dir(checkpoint_dir, local))
     cfg = load_trial_config_json(os.path.join(checkpoint_dir, CONFIG_FILE))
     task = cfg.task_instance
     model = cfg.build_model(len(task.vocab))
@@ -166,6 +168,8 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     if missing:  # before training, not after it
         raise ValueError(f"{missing[0]}: no analysis of that name was handed to the training loop")
     import_deepspeed()  # before the process group is set up, as DeepSpeed expects
+    if session.checkpointing:
+        remove_abandoned()  # what trials killed mid-report on this machine left
 
     clock.lap("imports")  # in a warm process (study/experiment/ray_trial.py) these are done already
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -354,7 +358,7 @@ def _report(session: Session, engine, metrics: dict, step: int, cfg: TrialConfig
         state["best"] = best
     if final:
         state["final"] = metrics
-    with tempfile.TemporaryDirectory(prefix="ckpt-") as tmp:
+    with checkpoint_staging() as tmp:
         engine.save_checkpoint(tmp, tag="checkpoint", client_state=state)
         with open(os.path.join(tmp, CONFIG_FILE), "w") as f:  # what rebuilds the model (loss_gap)
             f.write(cfg.model_dump_json(indent=1))

@@ -111,7 +111,7 @@ def setup_distributed() -> tuple[int, int, torch.device]:
     Returns (rank, world_size, device). gloo on CPU, nccl with CUDA.
     """
     deepspeed = import_deepspeed()
-    check_build_locks()  # DeepSpeed JIT-loads its comm op next; a stale lock would hang it forever
+    load_comm_op()  # DeepSpeed's init loads it next, where a lock a killed process left would hang it
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not (dist.is_initialized() or "RANK" in os.environ):
         # a private one-rank group nothing on the network can reach: an in-memory store (a TCPStore
@@ -133,22 +133,31 @@ def setup_distributed() -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-class StaleBuildLock(RuntimeError):
-    """A torch extension build lock that nothing holds: every later build or load of that extension
-    (DeepSpeed JIT-builds its CPU ops) waits on it forever, silently."""
+def load_comm_op(recheck_s: float = 1.0) -> None:
+    """Load DeepSpeed's CPU comm op (JIT-built by torch) before DeepSpeed asks for it, one process at
+    a time, under an exclusive flock of ours in the op's build folder. torch holds a `lock` file
+    around every load, built or not, and a process killed inside (Ray kills a stopped trial's actor)
+    leaves it behind: every later load on this machine would wait on it forever. Under our flock no
+    other trial is loading, so a lock no process holds open is such a leftover and is removed.
+    DeepSpeed keeps the loaded op, and its own call returns it."""
+    import fcntl
 
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.comm.torch import build_shm_op
 
-def extension_locks() -> list[str]:
-    """The `lock` files of torch's JIT extension builds: TORCH_EXTENSIONS_DIR/<name>/lock, else
-    <cache>/torch_extensions/<python>_<accelerator>/<name>/lock (torch.utils.cpp_extension)."""
-    import glob
-
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    pattern = (os.path.join(root, "*", "lock") if root
-               else os.path.join(get_default_build_root(), "*", "*", "lock"))
-    return sorted(glob.glob(pattern))
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None:  # not a CPU accelerator: DeepSpeed loads no such op
+        return
+    pin_extension_builds()
+    folder = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], builder.name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "load.flock"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released by the kernel however this process ends
+        lock = os.path.join(folder, "lock")
+        if remove_stale_lock(lock, recheck_s):
+            print(f"warning: removed {lock}, a torch extension lock that a process killed while it loaded "
+                  "DeepSpeed's op left behind (every later load would have waited on it forever)", file=sys.stderr)
+        build_shm_op()
 
 
 def _held_open(path: str) -> bool:
@@ -166,30 +175,25 @@ def _held_open(path: str) -> bool:
     return False
 
 
-def check_build_locks(recheck_s: float = 1.0) -> None:
-    """Fail at once, naming the file, if a torch extension build lock is stale: nothing on this
-    machine holds it open and it is still there `recheck_s` later (a holder closes the file an
-    instant before deleting it). A lock that a running build holds is left alone."""
-    stale = []
-    for path in extension_locks():
-        if _held_open(path):
-            continue
-        try:
-            before = os.stat(path)
-            time.sleep(recheck_s)
-            after = os.stat(path)
-        except FileNotFoundError:  # released meanwhile
-            continue
-        if (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns) and not _held_open(path):
-            stale.append((path, time.time() - after.st_mtime))
-    if stale:
-        files = ", ".join(f"{p} (last touched {age / 60:.0f} min ago)" for p, age in stale)
-        raise StaleBuildLock(
-            f"stale torch extension build lock {files}: a build was killed before it released the "
-            "lock, and every DeepSpeed start would wait on it forever. No process on this machine "
-            "holds it; unless another user's or machine's build shares this directory, delete it "
-            f"(rm {' '.join(p for p, _ in stale)}) and run again."
-        )
+def remove_stale_lock(path: str, recheck_s: float = 1.0) -> bool:
+    """Remove a torch extension lock file that nothing on this machine holds open and that is still
+    the same file `recheck_s` later (a holder closes it an instant before deleting it); a lock a
+    running load or build holds is left alone. Returns whether it removed one."""
+    if not os.path.exists(path) or _held_open(path):
+        return False
+    try:
+        before = os.stat(path)
+        time.sleep(recheck_s)
+        after = os.stat(path)
+    except FileNotFoundError:  # released meanwhile
+        return False
+    if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns) or _held_open(path):
+        return False
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 class FolderSession:
