@@ -143,10 +143,9 @@ def load_comm_op(recheck_s: float = 1.0) -> None:
     import fcntl
 
     from deepspeed.accelerator import get_accelerator
-    from deepspeed.comm.torch import build_shm_op
 
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if builder is None:  # not a CPU accelerator: DeepSpeed loads no such op
+    if builder is None or not builder.is_compatible(False):  # DeepSpeed loads no such op here
         return
     pin_extension_builds()
     folder = os.path.join(os.environ["TORCH_EXTENSIONS_DIR"], builder.name)
@@ -157,7 +156,7 @@ def load_comm_op(recheck_s: float = 1.0) -> None:
         if remove_stale_lock(lock, recheck_s):
             print(f"warning: removed {lock}, a torch extension lock that a process killed while it loaded "
                   "DeepSpeed's op left behind (every later load would have waited on it forever)", file=sys.stderr)
-        build_shm_op()
+        builder.load()  # what deepspeed.comm.torch.build_shm_op loads, kept by DeepSpeed for it
 
 
 def _held_open(path: str) -> bool:
