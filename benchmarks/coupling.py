@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = []
     for path, _, train_length in plans:
         name = path.stem
-        part = table[table.spec == name]
+        part, tracked = table[table.spec == name], [point for point in series if point["spec"] == name]
         ks = sorted(int(k) for k in part.k.dropna().unique())
         title = f"exact match, mean [min-max] over seeds {args.seeds}" + (f", k = {' / '.join(map(str, ks))}" if ks else "")
         if args.markdown:
@@ -373,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
             key = name + (f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "") \
                 + (f" lengths {' '.join(map(str, args.lengths))}" if args.lengths else "")
             saved = "From the runs saved by `--json` (rebuilt with `--from-json`). " if args.from_json else ""
-            tracked = [point for point in series if point["spec"] == name]
             labels = differing(list(dict.fromkeys(part.cell)))
             write_generated(args.docs, key, f"{saved}{title[0].upper()}{title[1:]}:\n\n{markdown(part, train_length)}"
                             + trajectory_markdown(tracked, train_length, labels), argv=command_line(argv))
@@ -382,9 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{name} (train length {train_length}): exact match over seeds {args.seeds}")
         print(summary.unstack("length").round(3).to_string())
         failures += check_claims(table, name, train_length)
-        if series and any(point["spec"] == name for point in series):
-            print(f"\n{name}: tracked while training (mean over seeds)" + trajectory(
-                [point for point in series if point["spec"] == name]))
+        if tracked:
+            print(f"\n{name}: tracked while training (mean over seeds)" + trajectory(tracked))
     print(f"\n{len(all_jobs)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
         Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series,
