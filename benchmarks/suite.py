@@ -459,32 +459,95 @@ def print_p4(r: dict) -> None:
 
 
 # --- P5 --------------------------------------------------------------------------------------
-def p5_gpu(steps: int = 10) -> dict:
+P5_DIMS = dict(d_model=1024, n_layers=12, n_heads=16, seq=2048, batch=8, vocab=32000)
+
+
+def matmul_tflops(device: torch.device, dtype=torch.bfloat16, n: int = 8192, repeats: int = 10) -> float:
+    """The device's measured dense matmul rate (n x n x n, random data, the median of `repeats` after
+    warm-up): the ceiling an MFU is read against, as this card runs today."""
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        a @ b
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        sync()
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+KERNEL_KINDS = (("matmul", re.compile(r"gemm|matmul|cutlass|xmma|nvjet|cublas", re.I)),
+                ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+                ("optimizer", re.compile(r"adam|multi_tensor|foreach", re.I)),
+                ("communication", re.compile(r"nccl", re.I)))
+
+
+def profile_steps(step, device: torch.device, steps: int = 3) -> dict:
+    """Where a step's time goes: the GPU's kernel time by kind (matmul, attention, optimizer,
+    communication, the rest) as shares of the wall time; the remainder is the GPU idle (launches,
+    Python, synchronisation). On CPU only the wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    kinds: dict[str, float] = {}
+    if device.type == "cuda":
+        from torch.autograd import DeviceType
+
+        for e in prof.key_averages():
+            # the kernels themselves: an operator's entry counts its kernels' time again
+            us = e.self_device_time_total if e.device_type == DeviceType.CUDA else 0.0
+            if us <= 0:
+                continue
+            kind = next((k for k, pattern in KERNEL_KINDS if pattern.search(e.key)), "other kernels")
+            kinds[kind] = kinds.get(kind, 0.0) + us
+    shares = {k: v / wall_us for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+    return {"step_ms": wall_us / steps / 1e3, "shares": shares, "gpu_idle": max(0.0, 1 - sum(shares.values()))}
+
+
+def p5_gpu(steps: int = 10, dims: dict | None = None, device: str | None = None,
+           compile_modes: tuple[bool, ...] = (False, True)) -> dict:
     """bf16 tokens/s and MFU at d 1024, 12 layers, T 2048 under ZeRO-2 on one GPU, eager and
-    compiled. Needs CUDA: without it, says so."""
-    if not torch.cuda.is_available():
-        return {"skipped": "no CUDA device here; run on a GPU machine (the device tool lends one to some tasks)"}
+    compiled, against the card's datasheet peak and its measured matmul rate, with a profile of
+    where a step's time goes. Needs CUDA unless `device` says cpu (the device check's rehearsal)."""
+    if device is None and not torch.cuda.is_available():
+        return {"skipped": "no CUDA device here; run on a GPU machine (benchmarks/device.py)"}
+    dev = torch.device(device or "cuda")
     import deepspeed
 
     from trial.session import setup_distributed
 
     setup_distributed()
-    d, L, H, T, B, V = 1024, 12, 16, 2048, 8, 32000
+    dims = {**P5_DIMS, **(dims or {})}
+    d, L, H, T, B, V = (dims[k] for k in ("d_model", "n_layers", "n_heads", "seq", "batch", "vocab"))
     peak = float(os.environ.get("GPU_PEAK_BF16_TFLOPS", "989"))  # H100 SXM dense bf16; H200 the same
-    out = {"dims": dict(d_model=d, n_layers=L, n_heads=H, seq=T, batch=B, vocab=V), "peak_tflops": peak}
-    for compiled in (False, True):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()  # each mode's own peak
+    measured = matmul_tflops(dev, n=8192 if dev.type == "cuda" else 512)
+    out = {"dims": dims, "peak_tflops": peak, "matmul_tflops": measured}
+    for compiled in compile_modes:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()  # each mode's own peak
         torch.manual_seed(0)
         model = DecoderLM(ModelConfig(vocab_size=V, max_position=T, d_model=d, n_layers=L, n_heads=H, encoding="rope"))
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
             "train_batch_size": B, "train_micro_batch_size_per_gpu": B, "bf16": {"enabled": True},
-            "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-            "steps_per_print": 10**9})
+            "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {
+                "lr": 1e-4, "torch_adam": True}}, "steps_per_print": 10**9})  # torch's AdamW, as trials use
         if compiled:  # as the training loop does with `deepspeed.compile` (trial/loop.py)
             engine.compile(compile_kwargs={"dynamic": None})
-        tokens = torch.randint(0, V, (B, T + 1), device="cuda")
-        ids = torch.arange(T, device="cuda")[None].expand(B, T)
+        tokens = torch.randint(0, V, (B, T + 1), device=dev)
+        ids = torch.arange(T, device=dev)[None].expand(B, T)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
         def step():
             logits, _, _ = engine(tokens[:, :-1], ids)
@@ -494,24 +557,26 @@ def p5_gpu(steps: int = 10) -> dict:
         t0 = time.perf_counter()
         for _ in range(3):  # warm-up: the compiled engine builds its graphs here
             step()
-        torch.cuda.synchronize()
+        sync()
         warmup_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
-        torch.cuda.synchronize()
+        sync()
         dt = (time.perf_counter() - t0) / steps
         n_matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "emb" not in n)
         flops = step_flops(n_matmul, L, d, T) * B * T
-        out["compiled" if compiled else "eager"] = {"tokens_per_s": B * T / dt, "tflops": flops / dt / 1e12,
-                                                    "mfu": flops / dt / 1e12 / peak,
-                                                    "max_memory_gb": torch.cuda.max_memory_allocated() / 2**30,
-                                                    "warmup_s": warmup_s}
-    e, c = out["eager"], out["compiled"]
-    saved = 1 / e["tokens_per_s"] - 1 / c["tokens_per_s"]  # seconds per token
-    out["compile"] = {"compile_s": c["warmup_s"] - e["warmup_s"], "speedup": c["tokens_per_s"] / e["tokens_per_s"],
-                      "steps_to_repay": (c["warmup_s"] - e["warmup_s"]) / (saved * B * T) if saved > 0 else None}
-    out["device"] = torch.cuda.get_device_name()
+        out["compiled" if compiled else "eager"] = {
+            "tokens_per_s": B * T / dt, "tflops": flops / dt / 1e12, "mfu": flops / dt / 1e12 / peak,
+            "of_matmul": flops / dt / 1e12 / measured, "step_ms": dt * 1e3, "warmup_s": warmup_s,
+            "max_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else None,
+            "profile": profile_steps(step, dev)}
+    if "eager" in out and "compiled" in out:
+        e, c = out["eager"], out["compiled"]
+        saved = 1 / e["tokens_per_s"] - 1 / c["tokens_per_s"]  # seconds per token
+        out["compile"] = {"compile_s": c["warmup_s"] - e["warmup_s"], "speedup": c["tokens_per_s"] / e["tokens_per_s"],
+                          "steps_to_repay": (c["warmup_s"] - e["warmup_s"]) / (saved * B * T) if saved > 0 else None}
+    out["device"] = torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or "cpu"
     return out
 
 
@@ -519,14 +584,23 @@ def print_p5(r: dict) -> None:
     if "skipped" in r:
         print(f"P5 GPU: not run: {r['skipped']}")
         return
-    print(f"P5 {r['device']}, bf16, ZeRO-2, d 1024 x 12 layers, T 2048, B {r['dims']['batch']}:")
+    dims = r["dims"]
+    print(f"P5 {r['device']}, bf16, ZeRO-2, d {dims['d_model']} x {dims['n_layers']} layers, T {dims['seq']}, "
+          f"B {dims['batch']}; matmul measured {r['matmul_tflops']:.0f} TFLOP/s, datasheet {r['peak_tflops']:.0f}:")
     for mode in ("eager", "compiled"):
-        m = r[mode]
-        print(f"  {mode:<9}{m['tokens_per_s']:>10.0f} tokens/s {m['tflops']:>7.1f} TFLOP/s  MFU {m['mfu']:.1%}"
-              f"  peak memory {m['max_memory_gb']:.1f} GiB")
-    c = r["compile"]
-    repay = "never (no faster)" if c["steps_to_repay"] is None else f"{c['steps_to_repay']:.0f} steps"
-    print(f"  torch.compile: {c['compile_s']:.1f} s to compile, {c['speedup']:.2f}x per step; repaid after {repay}")
+        if mode not in r:
+            continue
+        m, p = r[mode], r[mode]["profile"]
+        memory = "" if m["max_memory_gb"] is None else f"  peak memory {m['max_memory_gb']:.1f} GiB"
+        print(f"  {mode:<9}{m['tokens_per_s']:>10.0f} tokens/s {m['tflops']:>7.1f} TFLOP/s  MFU {m['mfu']:.1%} "
+              f"(of measured matmul {m['of_matmul']:.1%}){memory}")
+        if p["shares"]:
+            where = ", ".join(f"{k} {v:.0%}" for k, v in p["shares"].items())
+            print(f"    a step ({p['step_ms']:.1f} ms): {where}, GPU idle {p['gpu_idle']:.0%}")
+    if "compile" in r:
+        c = r["compile"]
+        repay = "never (no faster)" if c["steps_to_repay"] is None else f"{c['steps_to_repay']:.0f} steps"
+        print(f"  torch.compile: {c['compile_s']:.1f} s to compile, {c['speedup']:.2f}x per step; repaid after {repay}")
 
 
 # --- P6 --------------------------------------------------------------------------------------

@@ -320,8 +320,11 @@ class DecoderLM(nn.Module):
         visible: torch.Tensor | None = None,
         cache: KVCache | None = None,
         digit_places: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
-        """Logits [B, T, V], position logits (PPC only) and the updated KV cache.
+        use_cache: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache | None]:
+        """Logits [B, T, V], position logits (PPC only) and, with `use_cache` or a `cache` given, the
+        updated KV cache (else None: a compiled training forward must not return views of its
+        activations, which torch's compiled-graph cache replays wrongly in a later compile).
 
         Position logits are [B, T, P] over ids or offsets, or for the pointer head scores [B, T, Tk + 1]
         over the keys (cached ones first) and "current id + 1".
@@ -368,7 +371,7 @@ class DecoderLM(nn.Module):
             pos_logits = self.pos_head(x)
         if self.cfg.tie_embeddings:
             x = x * self.cfg.d_model**-0.5
-        return self.lm_head(x), pos_logits, new_cache
+        return self.lm_head(x), pos_logits, new_cache if use_cache or cache is not None else None
 
     def _id_bias(self, position_ids, key_ids, mask, dtype) -> torch.Tensor | None:
         """mask + the id window's -inf (its heads) + the encoding's score bias: [B, H|1, Tq, Tk]."""
@@ -475,7 +478,7 @@ def generate(
     def places(start: int, stop: int) -> torch.Tensor | None:  # the digit places of tokens [start, stop)
         return None if digit_places is None else digit_places[:, start:stop]
 
-    logits, pos_logits, cache = model(tokens, pos, digit_places=places(0, P))
+    logits, pos_logits, cache = model(tokens, pos, digit_places=places(0, P), use_cache=use_cache)
     key_ids = prompt_ids  # the ids of every token so far (the pointer head's keys)
     out_tokens, out_ids = [], []
     for step in range(max_new_tokens):

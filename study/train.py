@@ -31,8 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {}
         if args.seed is not None:
             overrides["seed"] = args.seed
-        if args.steps is not None:
-            overrides["optim"] = {**cfg.optim.model_dump(), "steps": args.steps}
+        if args.steps is not None:  # a warm-up longer than the run is cut to it
+            overrides["optim"] = {**cfg.optim.model_dump(), "steps": args.steps,
+                                  "warmup_steps": min(cfg.optim.warmup_steps, max(args.steps, 1))}
         if overrides:
             cfg = TrialConfig.model_validate({**cfg.model_dump(), **overrides})
     except (OSError, ValueError) as e:

@@ -73,6 +73,19 @@ def test_same_config_and_seed_same_metrics():
     assert a["metrics"]["val_loss"] != c["metrics"]["val_loss"]
 
 
+def test_data_workers_make_the_same_batches_as_the_training_process():
+    """Batches made ahead in worker processes are the ones the loop would make itself, in order: the
+    same steps, to the bit (an Abacus trial too, whose batches carry digit places)."""
+    for cfg in (config(optim={"steps": 6}), config(
+            task={"name": "addition", "params": {"train_length": 4, "operand_order": "lsb_first"}},
+            positional={"encoding": "nope", "ids": "sequential", "abacus": True, "max_position": 32},
+            eval={"lengths": [4, 6], "ks": None}, optim={"steps": 6})):
+        inline = train_loop_per_worker(cfg)
+        ahead = train_loop_per_worker({**cfg, "deepspeed": {"data_workers": 2}})
+        strip = lambda m: {k: v for k, v in m.items() if not is_timing(k)}  # noqa: E731
+        assert strip(ahead["metrics"]) == strip(inline["metrics"]) and ahead["records"] == inline["records"]
+
+
 def test_ppc_reports_predicted_and_oracle_ids():
     cfg = config(
         task={"name": "parity_scratchpad"},
@@ -246,6 +259,17 @@ def test_a_compiled_train_step_takes_the_same_steps_as_eager():
     assert cells(compiled) == pytest.approx(cells(eager), abs=0.07)  # a rare near-tie may flip
     # the graphs are built in the first step: seconds, where an eager step of this model takes ms
     assert compiled_first > eager_first + 1.0, (compiled_first, eager_first)
+    # the reference's T5-style model compiles too, twice in one process (a warm trial process): the
+    # training forward returns no views of its activations (a KV cache), which torch's compiled graph
+    # once replayed with garbage shapes ("invalid shape dimension")
+    t5 = {"d_model": 32, "n_layers": 1, "n_heads": 2, "head_dim": 16, "init": "t5", "norm": "rms",
+          "ffn": "gated_gelu", "tie_embeddings": True}
+    losses = []
+    for _ in range(2):
+        rec = Recorder()
+        train_loop_per_worker(config(model=t5, deepspeed={"compile": True}), rec)
+        losses.append([r["val_loss"] for r in rec.reports])
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
 
 
 def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():

@@ -154,6 +154,8 @@ class DeepSpeedSpec(Strict):
     compile: Literal["auto"] | bool = Field(
         "auto", description="torch.compile the training forward (DeepSpeed's engine.compile); evaluation "
         "and generation stay eager. auto: on with CUDA, off on CPU, where it does not pay (benchmarks P1)")
+    data_workers: int = Field(0, ge=0, le=64, description="processes that make the training batches ahead of "
+                              "the step (the same batches with any count); 0: the training process makes them")
 
     def compiles(self, device_type: str) -> bool:
         """Whether the train step is compiled on this device ("auto" resolved)."""

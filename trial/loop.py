@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
+from trial.batches import StepBatches, training_batches
 from trial.config import TrialConfig
 from trial.evaluate import (
-    Tensors,
     attention_margin,
     evaluate_grid,
     held_out_batches,
@@ -224,25 +224,23 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         eval_s += time.time() - t
         return {**out, **clock.metrics(), "time/train_s": train_s, "time/eval_s": eval_s}
 
-    for step in range(start + 1, cfg.optim.steps + 1):
-        t = time.time()
-        batch = with_places(task, task.sample(micro, np.random.default_rng([cfg.data_seed_or_seed, rank, step])),
-                            pos.scheme)
-        ids = pos.scheme.training_ids(batch.position_ids, batch.seq_len,
-                                      np.random.default_rng([cfg.data_seed_or_seed, rank, step, 1]), task.fixed_prefix)
-        loss, parts, _ = next_token_loss(engine, model, Tensors.of(batch, ids, device), w)
+    steps = StepBatches(task, pos.scheme, micro, cfg.data_seed_or_seed, rank, start + 1, cfg.optim.steps)
+    t = time.time()
+    for step, x, tokens in training_batches(steps, cfg.deepspeed.data_workers, device):
+        loss, parts, _ = next_token_loss(engine, model, x, w)
         if not math.isfinite(parts["loss"]):  # parts hold floats already: no extra device sync
             lr = engine.lr_scheduler.get_last_lr()[0]
             raise Diverged(f"loss: {parts['loss']} at step {step} (rank {rank}, lr {lr:.3g}); "
                            "the trial stops")
         engine.backward(loss)
         engine.step()
-        tokens_seen += int(batch.seq_len.sum())
+        tokens_seen += tokens
         train_s += time.time() - t
         if step == start + 1:
             clock.lap("first_step")
         if step % cfg.eval.every_steps == 0 and step < cfg.optim.steps:
             _report(session, engine, progress(step), step, cfg, best=best)
+        t = time.time()  # from here to the next step's end: its batch (when made here) and its step
     # the last report: validation, the extrapolation grid and the analyses (also when resumed at the end)
     metrics = progress(cfg.optim.steps)
     t = time.time()

@@ -60,5 +60,7 @@ class PositionalEncoding(nn.Module):
         here unless the encoding is new: the draws of the others must stay where they were)."""
 
     def check_ids(self, ids: torch.Tensor) -> None:
-        if self.bounded_ids and int(ids.max()) >= self.max_position:
+        # not inside a compiled forward, where reading the largest id breaks the graph and waits on the
+        # device every step; a trial's config is checked to need no id beyond the table (ids_needed)
+        if self.bounded_ids and not torch.compiler.is_compiling() and int(ids.max()) >= self.max_position:
             raise ValueError(f"position id {int(ids.max())} is beyond max_position {self.max_position}")
