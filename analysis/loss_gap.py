@@ -29,6 +29,7 @@ says when each is right).
 from __future__ import annotations
 
 import math
+import os
 import time
 import zlib
 
@@ -265,14 +266,18 @@ def after_training(module, task, cfg, device) -> tuple[dict, dict]:
     return metrics, {"loss_gap_summary": summary, "loss_gap_records": tokens}
 
 
-def plot_gap(records: pd.DataFrame, path: str) -> str:
-    """Figure 4 analogue: loss drop from k tokens against the drop from the whole distant context."""
+def plot_gap(records: pd.DataFrame, path: str, title: str = "") -> str:
+    """Figure 4 analogue: loss drop from k tokens against the drop from the whole distant context;
+    `title` says what was measured. A PDF beside the PNG."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = plt.subplots(figsize=(5, 5), layout="constrained")
+    fig.suptitle(textwrap.fill(title, 60), fontsize=9)
     for k, group in records.groupby("k"):
         ax.scatter(group.L_short - group.L_long, group.L_short - group.L_sparse, s=8, alpha=0.6, label=f"k={k}")
     lim = max(1e-3, float((records.L_short - records.L_long).abs().max()))
@@ -280,8 +285,8 @@ def plot_gap(records: pd.DataFrame, path: str) -> str:
     ax.set_xlabel("L_short - L_long (whole distant context)")
     ax.set_ylabel("L_short - L_short,sparse(k) (k tokens)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=150)
+    fig.savefig(os.path.splitext(path)[0] + ".pdf", metadata={"CreationDate": None})
     plt.close(fig)
     return path
 

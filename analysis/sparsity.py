@@ -25,6 +25,7 @@ always sees itself (L = 1 on synthetic tasks, 32 on text).
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -205,8 +206,11 @@ def csv_ready(table: pd.DataFrame) -> pd.DataFrame:
     return table.assign(**{c: table[c].map(lambda v: " ".join(map(str, v))) for c in lists})
 
 
-def plot_k(table: pd.DataFrame, k_max: int, path: str) -> str:
-    """How many targets needed each k; the planted k beside it where there is one."""
+def plot_k(table: pd.DataFrame, k_max: int, path: str, title: str = "") -> str:
+    """How many targets needed each k; the planted k beside it where there is one; `title` says what
+    was measured. A PDF beside the PNG."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,7 +218,8 @@ def plot_k(table: pd.DataFrame, k_max: int, path: str) -> str:
 
     counted = table[~table.flat.astype(bool)]
     bins = np.arange(0.5, k_max + 2.5)
-    fig, ax = plt.subplots(figsize=(5, 3.4))
+    fig, ax = plt.subplots(figsize=(5, 3.4), layout="constrained")
+    fig.suptitle(textwrap.fill(title, 60), fontsize=9)
     ax.hist(counted.k, bins=bins, alpha=0.7, label="measured k")
     if "k_planted" in counted:
         ax.hist(counted.k_planted, bins=bins, histtype="step", lw=2, color="k", label="planted k")
@@ -222,7 +227,7 @@ def plot_k(table: pd.DataFrame, k_max: int, path: str) -> str:
     ax.set_xlabel("tokens needed to recover the gap (k)")
     ax.set_ylabel("targets")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=150)
+    fig.savefig(os.path.splitext(path)[0] + ".pdf", metadata={"CreationDate": None})
     plt.close(fig)
     return path

@@ -50,7 +50,7 @@ class Claim:
         return f">= {self.at_least}" if self.at_least is not None else f"<= {self.at_most}"
 
 
-# The README's claims (issue 12): known results, T2, T3.
+# The README's claims: known results, T2, T3.
 CLAIMS: dict[str, list[Claim]] = {
     "coupling_addition": [
         Claim("ids=coupled,id_window=1", at_least=0.95),
@@ -62,7 +62,7 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("ids=random_shift", at_most=0.5),
         Claim("ids=pose", at_most=0.5),
     ],
-    # issue 19: with full attention (no id_window) none of the reference's cheap differences makes
+    # with full attention (no id_window) none of the reference's cheap differences makes
     # coupled addition extrapolate at laptop scale; a cell that starts to is news for the README
     "coupling_full_attention": [
         Claim("id_window=1", at_least=0.95),
@@ -75,22 +75,10 @@ CLAIMS: dict[str, list[Claim]] = {
         Claim("id_window=1,embed_init_std=0.02", above="max_position=33,embed_init_std=0.02,"),
         Claim("max_position=33,embed_init_std=0.02,", at_most=0.5),  # the usual trained table, full attention
     ],
-    # T2: the pointer head makes PPC's search length-free (issue 19), above absolute ids
+    # T2: the pointer head makes PPC's search length-free, above absolute ids
     "coupling_parity_scratchpad": [
         Claim("position_target=pointer,", at_least=0.9),  # the trailing comma: not pointer_softmax
         Claim("position_target=pointer,", above="ids=random_shift"),
-    ],
-    # issue 31: the field's known results, in direction, at laptop scale
-    "schemes_by_task": [
-        # Ruoss et al. score per-token accuracy
-        Claim("ids=randomized,max_position=96,name=reverse", above="encoding=learned,ids=sequential,max_position=96,name=reverse,",
-              metric="answer_token_acc"),
-        Claim("ids=randomized,max_position=96,name=duplicate", above="encoding=learned,ids=sequential,max_position=96,name=duplicate,",
-              metric="answer_token_acc"),
-        Claim("ids=coupled,max_position=96,name=multiplication", at_least=0.9),  # Cho et al., full attention
-    ],
-    "schemes_by_task_abacus": [
-        Claim("abacus=True,name=addition", above="encoding=learned,ids=random_shift,max_position=96,name=addition,"),
     ],
     "coupling_variable_assignment": [
         Claim("scratchpad=True,encoding=learned,ids=predicted", at_least=0.9),
@@ -294,7 +282,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     once, and where the runs are kept (--json), read back (--from-json) and written as tables (--docs)."""
     parser.add_argument("--cells", nargs="+", help="only the cells whose label is, or contains, one of these "
                                                    "(x=a, matches a)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every cell (default 0 1 2)")
     parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: each spec's)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="trials in parallel")
     parser.add_argument("--json", help="write every row here")
@@ -342,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     from pydantic import ValidationError
 
     from benchmarks.docs import write_generated
-    from benchmarks.trajectory import plot_trajectory, trajectory, trajectory_markdown
+    from benchmarks.trajectory import plot_trajectory, runs_title, trajectory, trajectory_markdown
     from trial.yaml_io import describe_errors
 
     plans = []
@@ -388,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series,
                                                "failures": failures}, indent=1))
     if args.figure and series:
-        print(f"tracked series: {plot_trajectory(series, args.figure)}")
+        labels = differing(list(dict.fromkeys(point["cell"] for point in series)))
+        print(f"tracked series: {plot_trajectory(series, args.figure, runs_title(all_jobs, args.seeds), labels)}")
     for failure in failures:
         print(f"claim failed: {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -333,11 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", nargs="+", choices=list(STEPS), help="run these steps only")
     r.add_argument("--eager", action="store_true", help="train the reference without torch.compile")
     s = sub.add_parser("step", help="one step of `run`, in a process of its own")
-    s.add_argument("name", choices=list(STEPS))
-    s.add_argument("--out", required=True)
+    s.add_argument("name", choices=list(STEPS), help="the step")
+    s.add_argument("--out", required=True, help="the folder the results go to")
     s.add_argument("--deadline", type=float, required=True, help="the wall-clock time to be done by")
-    s.add_argument("--result", required=True)
-    s.add_argument("--shrink", action="store_true")
+    s.add_argument("--result", required=True, help="the JSON file the step's result goes to")
+    s.add_argument("--shrink", action="store_true", help="the same step on a CPU, tiny and short")
     args = parser.parse_args(argv)
     if args.command == "wheels":
         from benchmarks.device_wheels import WHEEL_LIMIT, build_wheels, unmet_requirements

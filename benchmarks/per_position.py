@@ -31,13 +31,13 @@ def id_span(ids: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.per_position", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.per_position", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="trial config YAML")
     parser.add_argument("--lengths", type=int, nargs="+", help="test lengths (default: the config's)")
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--seed", type=int, help="override the config's seed")
     parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                         help="override a dotted field, e.g. positional.id_window=null")
-    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--samples", type=int, default=256, help="samples per test length and k (default 256)")
     args = parser.parse_args(argv)
 
     import torch

@@ -637,11 +637,12 @@ def main(argv: list[str] | None = None) -> int:
         _driver(argv[1], profile, rest[1:] if rest[:1] == ["--"] else rest)
         return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n")[0])
-    p.add_argument("--trials", type=int, nargs="+", default=[100, 300])
-    p.add_argument("--nodes", type=int, default=2)
-    p.add_argument("--node-cpus", type=float, default=1.0)
-    p.add_argument("--trial-cpus", type=float, default=0.5)
-    p.add_argument("--kill-signal", default="SIGKILL", choices=["SIGKILL", "SIGINT", "SIGTERM"])
+    p.add_argument("--trials", type=int, nargs="+", default=[100, 300], help="a study of each size (default 100 300)")
+    p.add_argument("--nodes", type=int, default=2, help="simulated worker nodes (default 2)")
+    p.add_argument("--node-cpus", type=float, default=1.0, help="CPUs each simulated node declares (default 1)")
+    p.add_argument("--trial-cpus", type=float, default=0.5, help="CPUs each trial asks for (default 0.5)")
+    p.add_argument("--kill-signal", default="SIGKILL", choices=["SIGKILL", "SIGINT", "SIGTERM"],
+                   help="what stops the driver mid-study before the resume (default SIGKILL)")
     p.add_argument("--no-resume", action="store_true", help="skip the kill-and-resume study")
     p.add_argument("--profile", help="cProfile the first study's driver into this folder")
     p.add_argument("--workdir", help="keep the studies here (default: a temporary folder, removed)")

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.coupling import (
     EXTRAPOLATES,
     NoCellMatches,
     add_run_arguments,
-    check_claims,
     command_line,
     jobs_for,
     run_jobs,
@@ -33,8 +33,8 @@ from benchmarks.coupling import (
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["schemes_by_task", "schemes_by_task_abacus"]
 
-# The published figure beside each scheme, with the setup it was measured in (shared/DESIGN.md, "The
-# field's schemes and tasks"); a laptop-scale row checks the direction, not the number.
+# The published figure beside each scheme, with the setup it was measured in (the papers cited); a
+# laptop-scale row checks the direction, not the number.
 LITERATURE = {
     "learned, random_shift": "absolute ids, shifted in training: the baseline that fails beyond the train length "
                              "(Cho et al. 2024; Golowich et al. 2025)",
@@ -54,6 +54,78 @@ LITERATURE = {
 }
 
 
+FITS = 0.95  # exact match at the train length from which a cell counts as having learned the task
+
+
+@dataclass(frozen=True)
+class FieldClaim:
+    """A known result of the field, checked at the first test length >= 2x train: `scheme` on `task`
+    scores `metric` >= `at_least` (mean over seeds), or above `above` on every seed (the paired
+    differences' range excludes zero, not 0.02 over 0.00). Only cells that fit the task in
+    distribution (exact >= FITS at the train length) are compared: a cell that did not says nothing
+    about its scheme, and the claim fails with that figure."""
+
+    name: str
+    source: str
+    task: str
+    scheme: str
+    above: str | None = None
+    at_least: float | None = None
+    metric: str = "exact_match"
+
+
+FIELD_CLAIMS = [
+    FieldClaim("abacus_addition", "McLeish et al. 2024", "addition (lsb_first, unpadded)", "nope, sequential, abacus",
+               above="learned, random_shift"),
+    FieldClaim("coupled_multiplication", "Cho et al. 2024", "multiplication", "learned, coupled", at_least=0.9),
+    FieldClaim("randomized_reversal_tokens", "Ruoss et al. 2023", "reverse", "learned, randomized",
+               above="learned, sequential", metric="answer_token_acc"),
+    FieldClaim("randomized_reversal_exact", "Ruoss et al. 2023", "reverse", "learned, randomized",
+               above="learned, sequential"),
+    FieldClaim("randomized_duplication_tokens", "Ruoss et al. 2023", "duplicate", "learned, randomized",
+               above="learned, sequential", metric="answer_token_acc"),
+]
+
+
+def _spread(values) -> str:
+    return f"{values.mean():.2f} [{values.min():.2f}-{values.max():.2f}]"
+
+
+def judge(claim: FieldClaim, table, train_length: int) -> tuple[bool | None, str]:
+    """(holds, the figures): None when a cell it needs was not run."""
+    schemes = [claim.scheme] + ([claim.above] if claim.above else [])
+    cells = {s: table[(table.task == claim.task) & (table.scheme == s)] for s in schemes}
+    if any(c.empty for c in cells.values()) or claim.metric not in table:
+        return None, "not run"
+    unfit = [f"{s} did not fit ({c[c.length == train_length].exact_match.mean():.2f} exact at {train_length})"
+             for s, c in cells.items() if not c[c.length == train_length].exact_match.mean() >= FITS]
+    if unfit:
+        return False, "; ".join(unfit)
+    at = min(n for n in cells[claim.scheme].length.unique() if n >= 2 * train_length)
+    runs = {s: c[c.length == at].groupby(["seed", "data_seed"], dropna=False)[claim.metric].mean()
+            for s, c in cells.items()}
+    mine = runs[claim.scheme]
+    if claim.above is None:
+        return bool(mine.mean() >= claim.at_least), f"{claim.scheme} {_spread(mine)} >= {claim.at_least}? at {at}"
+    difference = (mine - runs[claim.above]).dropna()
+    holds = len(difference) > 0 and bool(difference.min() > 0)
+    return holds, (f"{claim.scheme} {_spread(mine)} vs {claim.above} {_spread(runs[claim.above])} at {at}, "
+                   f"paired difference {_spread(difference)}")
+
+
+def check_field_claims(table, train_length: int) -> list[str]:
+    """Print `claim <name>: holds (...)` / `fails (...)` / `not run` for each; returns the failures."""
+    failures = []
+    for claim in FIELD_CLAIMS:
+        holds, figures = judge(claim, table, train_length)
+        verdict = "not run" if holds is None else ("holds" if holds else "fails")
+        line = f"claim {claim.name}: {verdict}" + ("" if holds is None else f" ({claim.metric}: {figures})")
+        print(f"{line}  [{claim.source}]")
+        if holds is False:
+            failures.append(line)
+    return failures
+
+
 def scheme_of(factors: dict) -> str:
     """A cell's scheme as the table names it: encoding, ids[, abacus]."""
     name = f"{factors.get('positional.encoding', 'learned')}, {factors.get('positional.ids', 'sequential')}"
@@ -61,15 +133,19 @@ def scheme_of(factors: dict) -> str:
 
 
 def task_of(task: dict) -> str:
-    """A cell's task as the table names it: its name, and the operands' order where it is not Cho et al.'s."""
-    order = task.get("params", {}).get("operand_order", "msb_first")
-    return task["name"] + ("" if order == "msb_first" else f" ({order})")
+    """A cell's task as the table names it: its name, and how the operands are written where it is
+    not Cho et al.'s way (their order, drawn without padding)."""
+    params = task.get("params", {})
+    how = [params["operand_order"]] if params.get("operand_order", "msb_first") != "msb_first" else []
+    how += ["unpadded"] if params.get("operands") == "unpadded" else []
+    return task["name"] + (f" ({', '.join(how)})" if how else "")
 
 
 def scheme_table(table, train_length: int, metric: str = "exact_match") -> str:
     """A row per scheme, a column per task: `metric` at 2x / 3x (mean over runs), for exact match the
-    runs that reach EXTRAPOLATES at 2x in parentheses; then the literature's figure. Cells not run
-    (or run before `metric` was measured) are blank."""
+    runs that reach EXTRAPOLATES at 2x in parentheses; then the literature's figure. A cell below FITS
+    exact at the train length reads "did not fit (its exact match there)"; cells not run (or run before
+    `metric` was measured) are blank."""
     far = [n for n in sorted(table.length.unique()) if n >= 2 * train_length][:2]
     tasks = list(dict.fromkeys(table.task))
     lines = [f"| scheme | {' | '.join(tasks)} | published (setup) |", "|---|" + "---|" * (len(tasks) + 1)]
@@ -79,6 +155,10 @@ def scheme_table(table, train_length: int, metric: str = "exact_match") -> str:
             cell = rows[rows.task == task]
             if cell.empty or metric not in cell or cell[metric].isna().all():
                 values.append("")
+                continue
+            fit = cell[cell.length == train_length].exact_match.mean()
+            if not fit >= FITS:  # beyond the train length it says nothing about the scheme
+                values.append(f"did not fit ({fit:.2f})")
                 continue
             means = " / ".join(f"{cell[cell.length == n][metric].mean():.2f}" for n in far)
             if metric == "exact_match":
@@ -115,10 +195,11 @@ def tables(table, train_length: int, header: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.schemes", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.schemes", description=__doc__.split("\n\n")[0])
     parser.add_argument("specs", nargs="*", help="study specs (default: schemes_by_task and its Abacus sibling)")
     add_run_arguments(parser)
-    parser.add_argument("--lr", type=float, default=1e-3, help="the learning rate of every cell")
+    parser.add_argument("--lr", type=float, help="the learning rate of every cell (default: the spec's "
+                        "base.optim.lr, else 1e-3)")
     parser.add_argument("--steps", type=int, help="training steps of every cell (default: the spec's)")
     args = parser.parse_args(argv)
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
@@ -140,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {path}: {e}", file=sys.stderr)
             return 2
         for job in found:
-            job["trial"].setdefault("optim", {})["lr"] = args.lr
+            optim = job["trial"].setdefault("optim", {})
+            optim["lr"] = args.lr or optim.get("lr", 1e-3)
             if args.steps:
                 job["trial"]["optim"]["steps"] = args.steps
             try:
@@ -159,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         if key not in seen:
             seen.add(key)
             unique.append(job)
-    print(f"{len(unique)} trials, seeds {args.seeds}, lr {args.lr}, {args.workers} at a time", flush=True)
+    lrs = "/".join(f"{lr:g}" for lr in sorted({j["trial"]["optim"]["lr"] for j in unique}))
+    print(f"{len(unique)} trials, seeds {args.seeds}, lr {lrs}, {args.workers} at a time", flush=True)
     if args.from_json:
         (rows, _), seconds, wall = saved_runs(args.from_json, unique), [], 0.0
     else:
@@ -173,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = {j["trial"]["optim"].get("steps") for j in unique}
     header = (f"Exact match at {' / '.join(f'{n / train_length:g}x' for n in sorted(table.length.unique()) if n >= 2 * train_length)}"
               f" (mean over seeds {args.seeds}), in parentheses the runs >= {EXTRAPOLATES} at 2x; train <= "
-              f"{train_length}, lr {args.lr}, {', '.join(map(str, sorted(steps)))} steps:\n\n")
+              f"{train_length}, lr {lrs}, {', '.join(map(str, sorted(steps)))} steps:\n\n")
     print()
     print(tables(table, train_length, header))
     if args.docs:
@@ -183,10 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         write_generated(args.docs, key, ("From the runs saved by `--json` (rebuilt with `--from-json`). "
                                          if args.from_json else "") + tables(table, train_length, header),
                         argv=command_line(argv))
-    failures = []
-    for path in paths:  # a claim may compare cells of two specs (their labels name task and scheme alike)
-        if path.stem in train_lengths:
-            failures += check_claims(table.assign(spec=path.stem), path.stem, train_lengths[path.stem], only_run=True)
+    print()
+    failures = check_field_claims(table, train_length)
     print(f"\n{len(unique)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
         Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "failures": failures}, indent=1))

@@ -3,6 +3,7 @@
     python -m benchmarks.sparsity                                  # seeds 0 1, both tasks
     python -m benchmarks.sparsity --seeds 7 8 --train-k 6 --length 16 --k 5 --targets 256
     python -m benchmarks.sparsity --json sparsity.json             # keep the table
+    python -m benchmarks.sparsity --study studies/default --docs docs/sparsity.md   # a study's table
 
 For each seed it trains a sparse_parity model (learned ids with random shift) and a parity_scratchpad
 model (coupled ids) in-process, then runs the meter of analysis/sparsity.py with every ranking method
@@ -11,6 +12,11 @@ prints per (task, method, ablation) how often the measured k equals the planted 
 recall of the chosen tokens, and how many targets had no gap. The README's claim is checked for
 every seed whose model reached 99% in distribution: occlusion with resampling recovers the plant
 (k_match, precision and recall >= 0.9); the command exits 1 if it does not.
+
+With `--study` it trains nothing: it reads a finished study whose spec has a `sparsity:` section (a
+folder, a bucket prefix or an MLflow experiment, as `python -m study.report` reads it) and prints,
+per cell, the selected config's extrapolation over its seeds beside what the meter measured in its
+trials; `--docs PAGE` writes that table into the page (benchmarks/docs.py).
 """
 
 from __future__ import annotations
@@ -46,16 +52,112 @@ def configs(args) -> dict[str, dict]:
     return {"sparse_parity": sp, "parity_scratchpad": pad}
 
 
+SCHEMES = {("learned", "random_shift"): "absolute ids (learned x random_shift)", ("rope", "sequential"): "RoPE",
+           ("nope", "sequential"): "NoPE"}
+
+
+def cell_name(factors: dict) -> str:
+    """A study cell as a reader names it: `K_train 2, RoPE` for `train_k=2,encoding=rope,ids=sequential`."""
+    parts = []
+    for path, value in factors.items():
+        leaf = path.split(".")[-1]
+        if path == "positional.encoding":
+            ids = factors.get("positional.ids", "sequential")
+            parts.append(SCHEMES.get((value, ids), f"{value} x {ids}"))
+        elif path == "positional.ids" and "positional.encoding" in factors:
+            continue
+        else:
+            parts.append({"train_k": "K_train", "train_length": "train length"}.get(leaf, leaf) + f" {value}")
+    return ", ".join(parts) or "all"
+
+
+def study_table(spec, results) -> str:
+    """Per cell of a study: the selected config, its seeds' accuracy beyond the train length (k_test <=
+    K_train) and beyond K_train, as mean [min-max], and the sparsity meter's figures, means over the seeds."""
+    import pandas as pd
+
+    from study.record.report import seed_runs, select
+
+    def spread(values) -> str:
+        v = values.dropna()
+        if v.empty:
+            return "-"
+        return f"{v.mean():.2f}" if v.min() == v.max() else f"{v.mean():.2f} [{v.min():.2f}-{v.max():.2f}]"
+
+    def mean(values, digits: int = 2) -> str:
+        v = values.dropna()
+        return "-" if v.empty else f"{v.mean():.{digits}f}"
+
+    factors = {c.label: c.factors for c in spec.cells()}
+    lines = ["| cell | selected | seeds | acc beyond | acc k beyond | k median / p90 | k_match | precision | recall "
+             "| flat |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for sel in select(spec, results).to_dict("records"):
+        cell_trials = results[results.cell == sel["cell"]].drop_duplicates("trial_id")
+        runs = seed_runs(spec, cell_trials, sel["trial_id"])
+        num = runs.apply(lambda col: pd.to_numeric(col, errors="coerce"))
+        params = ", ".join(f"{k.split('.')[-1]} {v:.3g}" for k, v in sel.items() if k.startswith("search."))
+        lines.append(f"| {cell_name(factors.get(sel['cell'], {}))} | {params or '-'} | {len(runs)} "
+                     f"| {spread(num.acc_beyond)} | {spread(num.acc_k_beyond)} "
+                     f"| {mean(num['sparsity/k_median'], 1)} / {mean(num['sparsity/k_p90'], 1)} "
+                     f"| {mean(num['sparsity/k_match'])} | {mean(num['sparsity/precision'])} "
+                     f"| {mean(num['sparsity/recall'])} | {mean(num['sparsity/targets_flat'], 1)} |")
+    seeds = sorted(int(s) for s in results.seed.dropna().unique())
+    targets = (spec.base.get("sparsity") or {}).get("targets", "the default number of")
+    return (f"The study `{spec.name}` ({results.trial_id.nunique()} trials; seeds {seeds}): per cell the "
+            "config its search selected and that config's seeds; `acc beyond` is answer accuracy at test "
+            "lengths past the train length with k_test <= K_train, `acc k beyond` with k_test > K_train, "
+            f"both mean [min-max] over the seeds; the meter's columns (on {targets} held-out targets of "
+            "the training mix per trial) are means over the seeds, `flat` the targets with no gap to "
+            "recover.\n\n" + "\n".join(lines))
+
+
+def from_study(args) -> int:
+    """The table of a finished study (`--study`), printed and, with `--docs`, written into the page."""
+    import tempfile
+
+    from benchmarks.docs import write_generated
+    from study.report import read_study
+
+    with tempfile.TemporaryDirectory(prefix="sparsity-") as tmp:
+        try:
+            spec, results, where = read_study(args.study, args.mlflow_uri, tmp)
+        except SystemExit as e:  # read_study's one-line errors: bad input, exit 2
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+                return 2
+            raise
+    if "sparsity/k_median" not in results or results["sparsity/k_median"].isna().all():
+        print(f"error: --study: {where}: no trial of it ran the sparsity meter (its spec has no `sparsity:` "
+              "section)", file=sys.stderr)
+        return 2
+    table = study_table(spec, results)
+    print(f"study {spec.name} from {where}\n\n{table}")
+    if args.docs:
+        write_generated(args.docs, f"sparsity {spec.name}", table)
+        print(f"written into {args.docs}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sparsity", description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="model seeds of each task (default 0 1)")
     p.add_argument("--train-k", type=int, default=4, help="K_train of both tasks (scratchpad: at most 4)")
     p.add_argument("--length", type=int, help="measure at this length (default: the training mix)")
     p.add_argument("--k", type=int, help="measure at this k")
-    p.add_argument("--targets", type=int, default=128)
-    p.add_argument("--tasks", nargs="+", default=["sparse_parity", "parity_scratchpad"])
+    p.add_argument("--targets", type=int, default=128, help="targets the meter measures per model (default 128)")
+    p.add_argument("--tasks", nargs="+", default=["sparse_parity", "parity_scratchpad"], help="tasks to train and "
+                   "measure (default sparse_parity parity_scratchpad)")
     p.add_argument("--json", help="write the table here")
+    p.add_argument("--study", help="train nothing: the table of this finished study (a folder, a bucket URI or an "
+                                   "MLflow experiment name), its spec with a `sparsity:` section")
+    p.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db",
+                   help="where --study's experiment is, when it is named by its experiment")
+    p.add_argument("--docs", help="with --study: also write its table into this docs page (benchmarks/docs.py)")
     args = p.parse_args(argv)
+    if args.docs and not args.study:
+        p.error("--docs: needs --study (the docs' table is written from a study's results)")
+    if args.study:
+        return from_study(args)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import pandas as pd
 

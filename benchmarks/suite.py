@@ -319,11 +319,11 @@ def _trial_breakdown(res: dict) -> list[dict[str, float]]:
 
 
 def p2_two_worker_breakdown(baseline: str | None = None, rounds: int = 1) -> dict:
-    """Issue 30's study: the smoke study's first cell, 2 trials one after the other, 40 steps, 2
+    """A two-worker study: the smoke study's first cell, 2 trials one after the other, 40 steps, 2
     workers x 1 CPU, ZeRO-2. Per trial, where its time goes (`_trial_breakdown`), and the overhead
     per trial (wall time since Ray started, minus the trials' train and eval steps, over the trials).
     With `baseline` (another checkout of this repository), the same study run with its code too,
-    interleaved, so that before and after are measured side by side."""
+    interleaved, so that the two versions are measured side by side."""
     spec = _smoke("p2_2w_breakdown", workers_per_trial=2, cpus_per_worker=1, zero_stage=2)
     spec["base"]["optim"]["steps"] = 40
     spec["grid"] = {k: v[:1] for k, v in spec["grid"].items()}
@@ -464,7 +464,7 @@ P5_DIMS = dict(d_model=1024, n_layers=12, n_heads=16, seq=2048, batch=8, vocab=3
 
 def matmul_tflops(device: torch.device, dtype=torch.bfloat16, n: int = 8192, repeats: int = 10) -> float:
     """The device's measured dense matmul rate (n x n x n, random data, the median of `repeats` after
-    warm-up): the ceiling an MFU is read against, as this card runs today."""
+    warm-up): the ceiling an MFU is read against, as this card runs in the same process."""
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(3):

@@ -48,33 +48,47 @@ def trajectory_markdown(series, train_length: int, labels: dict[str, str], colum
             "seeds:\n\n" + "\n".join(lines))
 
 
-def plot_trajectory(series, path: str) -> str:
+def runs_title(jobs: list[dict], seeds: list[int]) -> str:
+    """What a figure of these runs shows: specs, tasks, budget (steps x batch) and seeds."""
+    def joined(values) -> str:
+        return "/".join(dict.fromkeys(map(str, values)))
+
+    optim = [j["trial"].get("optim") or {} for j in jobs]
+    steps = joined(f"{o.get('steps', 0):,}" for o in optim)
+    return (f"{joined(j['spec'] for j in jobs)}: {joined(j['trial']['task']['name'] for j in jobs)}; {steps} steps "
+            f"x batch {joined(o.get('batch_size') for o in optim)}; seeds {' '.join(map(str, seeds))}")
+
+
+def plot_trajectory(series, path: str, title: str = "", labels: dict[str, str] | None = None) -> str:
     """The tracked series against training steps, a column per tracked length: exact match, loss and
     the attention margin (trained-distance keys over untrained ones); a line per cell, mean over
-    seeds with the seeds' range shaded."""
-    import matplotlib
+    seeds with the seeds' range shaded. `title` names the runs (specs, task, budget, seeds), `labels`
+    each cell as the docs' table does (default: its factors); one legend under the panels, inside the
+    figure; a PDF beside the PNG (study/record/figures.py)."""
+    import textwrap
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import pandas as pd
+
+    from study.record.figures import FigureText, save, wrapped_figure, wrapped_legend
 
     frame = pd.DataFrame(series)
     lengths = sorted({int(c.split("/")[1][3:]) for c in frame.columns if c.startswith("track/len")})
-    fig, axes = plt.subplots(3, len(lengths), figsize=(4.5 * len(lengths), 8.5), squeeze=False, sharex=True)
+    fig, axes = wrapped_figure(3, len(lengths), 4.5, 2.8, title, sharex=True, sharey=False)
+    text = FigureText(labels=labels or {})
     for i, n in enumerate(lengths):
         rows = (("exact", f"exact match at {n}"), ("loss", f"loss at {n}"), ("margin", f"margin at {n}"))
         for row, (metric, label) in enumerate(rows):
             ax, column = axes[row][i], f"track/len{n}/{metric}"
             for cell, group in frame.groupby("cell", sort=False):
                 stats = group.groupby("step")[column].agg(["mean", "min", "max"])
-                line, = ax.plot(stats.index, stats["mean"], label=cell if len(cell) < 60 else cell[-60:])
+                name = text.label(cell).replace("=", " ").replace(",", ", ")
+                line, = ax.plot(stats.index, stats["mean"], label=textwrap.fill(name, 70))
                 ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.15)
-            ax.set_ylabel(label)
+            ax.set_ylabel(label, fontsize=8)
+            if metric == "exact":
+                ax.set_ylim(-0.02, 1.02)
             if metric == "margin":
                 ax.axhline(0, color="grey", lw=0.8, ls=":")
-                ax.set_xlabel("training step")
-    axes[0][0].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+                ax.set_xlabel("training step", fontsize=8)
+    wrapped_legend(fig, axes, ncol_max=1 if frame.cell.map(len).max() > 40 else 4)
+    return save(fig, path)

@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.encodings import ENCODINGS, Abacus, PositionalEncoding
-from models.encodings.alibi import alibi_slopes  # noqa: F401  (importable from here, as before)
+from models.encodings.alibi import alibi_slopes  # noqa: F401  (importable from here too)
 from models.encodings.rope import apply_rope, rope_cos_sin  # noqa: F401
 from models.positions import Encoding, GenerationIds
 
@@ -75,6 +75,10 @@ class ModelConfig:
     ffn: Literal["gelu", "gated_gelu"] = "gelu"
     tie_embeddings: bool = False  # readout = token table, its input scaled by d_model^-1/2 (T5)
     abacus: bool = False  # add the Abacus embedding of each digit's place (forward's digit_places)
+    abacus_max_offset: int = 100  # training adds a random offset in [0, this] to every place
+    abacus_offset: Literal["batch", "sample"] = "batch"  # one offset per batch, or one per sample
+    abacus_norm: bool = False  # LayerNorm on the input embedding sum (the Abacus reference's model)
+    abacus_init_std: float | None = None  # the place table's initial std (default: the model's 0.02)
 
     @property
     def d_head(self) -> int:
@@ -275,7 +279,9 @@ class DecoderLM(nn.Module):
         # the encoding, registered as `pos_emb` (learned's table is `pos_emb.weight`, as in old
         # checkpoints) and second, so the draws of the encodings that were there before stay where they were
         self.pos_emb = ENCODINGS[cfg.encoding](cfg)
-        self.abacus = Abacus(cfg.max_position, cfg.d_model) if cfg.abacus else None
+        self.abacus = Abacus(cfg.max_position, cfg.d_model, cfg.abacus_max_offset, cfg.abacus_offset) \
+            if cfg.abacus else None
+        self.input_norm = nn.LayerNorm(cfg.d_model) if cfg.abacus and cfg.abacus_norm else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.ln_f = make_norm(cfg)
@@ -293,6 +299,8 @@ class DecoderLM(nn.Module):
             if cfg.tok_init_std != 0.02:
                 self.tok_emb.weight.mul_(cfg.tok_init_std / 0.02)
             self.pos_emb.after_init(cfg)
+            if self.abacus is not None and cfg.abacus_init_std is not None:
+                self.abacus.emb.weight.mul_(cfg.abacus_init_std / 0.02)
             if cfg.init == "t5":  # more draws after the common ones: the default stream is unchanged
                 for block in self.blocks:
                     block.init_t5()
@@ -346,6 +354,8 @@ class DecoderLM(nn.Module):
             if digit_places is None:
                 raise ValueError("abacus: the model needs digit_places (the task's Task.digit_places)")
             x = x + self.abacus(digit_places)
+            if self.input_norm is not None:
+                x = self.input_norm(x)
         x = self.drop(x)
         # Plain causal attention takes SDPA's fused is_causal path; anything else an additive mask.
         causal = visible is None and past == 0 and not enc.adds_score_bias and self.cfg.id_window is None

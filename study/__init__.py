@@ -5,9 +5,9 @@
 - record/: the MLflow record, the study's identity and lock, the terminal's lines, tables and figures;
 - experiment/: the study as one Ray Tune experiment (Tuner, search, a trial as a Ray Train run,
   snapshots on events);
-- the commands, here: run.py (`python study/run.py`, the entry point), train.py, loss_gap.py,
-  sparsity.py (model_source.py: which trained model an analysis measures) and report.py
-  (`python -m study.report`).
+- the commands, here: run.py (`python study/run.py`, the entry point; plan.py: what it will run),
+  train.py, loss_gap.py, sparsity.py (model_source.py: which trained model an analysis measures),
+  report.py (`python -m study.report`) and compare.py (`python -m study.compare A B`).
 
 Each job may import the ones above it in this list (tests/test_architecture.py). May import: tasks,
 models, trial, analysis.

@@ -33,7 +33,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--method", choices=list(LossGapSpec.model_fields["method"].annotation.__args__),
                    help=f"default {d.method}")
     p.add_argument("--targets", type=int, help=f"default {d.targets}")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled windows (default 0)")
     p.add_argument("--out", default="loss_gap_out", help="folder for tokens.csv, summary.csv, gap_scatter.png")
     return p.parse_args(argv)
 
@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     records.to_csv(os.path.join(args.out, "tokens.csv"), index=False)
     summary.to_csv(os.path.join(args.out, "summary.csv"), index=False)
-    plot_gap(records, os.path.join(args.out, "gap_scatter.png"))
+    plot_gap(records, os.path.join(args.out, "gap_scatter.png"),
+             f"loss gap of {args.hf or args.checkpoint}: L_bar {spec.long_context}, L {spec.short_context}, "
+             f"{len(records)} targets, {spec.method}")
     print(f"method={spec.method} L_bar={spec.long_context} L={spec.short_context} targets={spec.targets} "
           f"({timing['seconds_per_1k_targets']:.1f} s per 1000 targets)")
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))

@@ -16,7 +16,8 @@ def add_model_source(parser, hf_help: str) -> None:
     src.add_argument("--checkpoint", help="a trial checkpoint folder or bucket URI (holds trial_config.json)")
     src.add_argument("--mlflow-run", help="an MLflow trial run id (its `checkpoint` tag)")
     src.add_argument("--hf", help=hf_help)
-    parser.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db")
+    parser.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db",
+                        help="where --mlflow-run's run is (default sqlite:///studies/mlflow.db)")
 
 
 def checkpoint_of_run(uri: str, run_id: str):

@@ -135,3 +135,75 @@ def report_retrying_under_one_index(report: Callable[[], None], retry: Callable)
         report()
 
     retry(again)
+
+
+# --- N-worker trials on one machine: the process group meets on 127.0.0.1 -------------------------------
+_LOOPBACK_STORES: list = []  # rank 0's store servers: torch reuses one (by port) only while it is referenced
+
+
+def loopback_torch_config(backend: str):
+    """A TorchConfig for Ray Train workers that share this machine (the embedded Ray), whose process
+    group meets at a TCPStore listening on 127.0.0.1 only. Private: Ray's torch backend
+    (`_TorchBackend.on_start`) hands rank 0's node address and a free port to torch's env://
+    rendezvous, which makes rank 0 a TCPStore server on every interface whatever MASTER_ADDR says,
+    and Ray offers no store or socket of ours. This backend first makes rank 0 a TCPStore server on a
+    socket bound to 127.0.0.1 (torch's `master_listen_fd`), which the rendezvous's multi-tenant store
+    reuses (torch shares one server per port within a process), then runs Ray's own setup steps."""
+    from ray.train.torch import TorchConfig
+
+    class LoopbackTorchConfig(TorchConfig):
+        @property
+        def backend_cls(self):
+            return _loopback_backend()
+
+    return LoopbackTorchConfig(backend=backend)
+
+
+def _loopback_backend():
+    import ray
+    from ray.train.torch.config import (
+        _set_torch_distributed_env_vars,
+        _setup_torch_process_group,
+        _TorchBackend,
+    )
+
+    class LoopbackTorchBackend(_TorchBackend):
+        def on_start(self, worker_group, backend_config):
+            port = worker_group.execute_single(0, serve_store_on_loopback, backend_config.timeout_s)
+            worker_group.execute(set_master_on_loopback, port)
+            worker_group.execute(_set_torch_distributed_env_vars)  # what Ray's on_start sets (RANK, ...)
+            ray.get([worker_group.execute_single_async(
+                i, _setup_torch_process_group, backend=backend_config.backend, world_rank=i,
+                world_size=len(worker_group), init_method="env://", timeout_s=backend_config.timeout_s)
+                for i in range(len(worker_group))])
+
+        def on_shutdown(self, worker_group, backend_config):
+            super().on_shutdown(worker_group, backend_config)
+            worker_group.execute(drop_loopback_stores)
+
+    return LoopbackTorchBackend
+
+
+def serve_store_on_loopback(timeout_s: float) -> int:
+    """In rank 0's process: a TCPStore server on a socket bound to 127.0.0.1; returns its port."""
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    _LOOPBACK_STORES.append(dist.TCPStore("127.0.0.1", port, None, True,
+                                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                                          multi_tenant=True, master_listen_fd=sock.detach()))
+    return port
+
+
+def set_master_on_loopback(port: int) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+
+
+def drop_loopback_stores() -> None:
+    _LOOPBACK_STORES.clear()

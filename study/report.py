@@ -1,5 +1,7 @@
-"""`python -m study.report STUDY`: rebuild a study's tables and figures (study/record/report.py) from
-what it stored, a study folder, a bucket prefix or an MLflow experiment; nothing is rerun."""
+"""`python -m study.report STUDY [--markdown]`: rebuild a study's tables and figures
+(study/record/report.py) from what it stored, a study folder, a bucket prefix or an MLflow
+experiment; nothing is rerun. `--markdown` prints the summary as Markdown tables to paste; two
+studies side by side: `python -m study.compare A B`."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import os
 
 import pandas as pd
 
-from study.record.report import check_sealed, report_from_results, summary_lines
+from study.record.report import check_sealed, markdown_summary, report_from_results, summary_lines
 from study.spec.schema import StudySpec
 
 
@@ -25,6 +27,9 @@ def read_study(source: str, tracking_uri: str | None, tmp: str) -> tuple[StudySp
 
         from study.record.identity import NAME_TAG, PARENT_TAG, find_runs, literal
 
+        database = tracking_uri.partition("sqlite:///")[2] if tracking_uri.startswith("sqlite:///") else None
+        if database and not os.path.exists(database):  # MLflow would create an empty one to search
+            raise SystemExit(f"error: {source}: neither a study folder nor an experiment (no database {database})")
         client = MlflowClient(tracking_uri)
         # the studies of a name: in its experiment and in those of other artifact locations (study/record/identity.py)
         exps = {e.experiment_id: e for e in client.search_experiments(
@@ -64,13 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("study", help="a study folder (<storage>/<name>), a bucket URI, or an MLflow experiment name")
     p.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db", help="where the experiment is")
     p.add_argument("--out", help="write here (default: the study folder; ./report-<name> for an experiment)")
+    p.add_argument("--markdown", action="store_true", help="print the summary as Markdown tables (to paste)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="report-") as tmp:
-        spec, results, where = read_study(args.study, args.mlflow_uri, tmp)
+        try:
+            spec, results, where = read_study(args.study, args.mlflow_uri, tmp)
+        except SystemExit as e:  # read_study's one-line errors: bad input
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+                return 2
+            raise
         out = args.out or (args.study if os.path.isdir(args.study) else f"report-{spec.name}")
         selected, summary, files = report_from_results(spec, results, out)
     print(f"study {spec.name} from {where}: {results.trial_id.nunique()} trials")
-    print("\n".join(summary_lines(spec, selected, summary)))
+    print(("\n" + markdown_summary(spec, selected, summary)) if args.markdown else
+          "\n".join(summary_lines(spec, selected, summary)))
     print("files:\n" + "\n".join(f"  {path}" for path in files.values()))
     sys.stdout.flush()
     return 0

@@ -21,6 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python study/run.py` from a checkout that is not pip-installed
     sys.path.insert(0, str(ROOT))
 
+from study.plan import (  # noqa: E402
+    cluster_concurrency,
+    cluster_cpus,
+    default_concurrency,
+    placement_lines,
+    plan_lines,
+    read_cluster,
+)
 from study.spec.schema import StudySpec, load_spec  # noqa: E402
 
 # DeepSpeed JIT-builds its CPU op with the `ninja` on PATH; the venv's (pip's) one first, for the
@@ -38,11 +46,9 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM, stopped the same way
 # `ray.init(_node_ip_address="127.0.0.1")` is turned back into the LAN IP. This switch
 # (ray_constants.ENABLE_RAY_CLUSTER, off by default on macOS and Windows: a local-only Ray) makes it
 # loopback; Ray reads it when imported and every Ray process inherits it, so it is set before ray is
-# imported, for the embedded Ray only. Process groups: trial/session.py (the one-rank group) and
-# start_ray in study/experiment/tuning.py (gloo and NCCL of N-worker trials on the loopback interface). Not
-# bindable through Ray or torch: the TCPStore of an N-worker Ray Train trial (rank 0's torch c10d
-# store listens on every interface whatever MASTER_ADDR says, and TorchConfig offers only env:// and
-# tcp:// rendezvous, no store or listening socket of our own).
+# imported, for the embedded Ray only. Process groups: trial/session.py (the one-rank group), start_ray
+# in study/experiment/tuning.py (gloo and NCCL of N-worker trials on the loopback interface) and
+# study/ray_compat.py's loopback_torch_config (their rendezvous, rank 0's TCPStore, on 127.0.0.1).
 LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -58,43 +64,18 @@ def parse_args(argv):
     p.add_argument("--verbose", action="store_true", help="also print Tune's status tables")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
-    p.add_argument("--cluster", help="with --dry-run: a cluster-launcher YAML; show the node type trials land on")
+    p.add_argument("--cluster", help="with --dry-run: a cluster-launcher YAML; show the node type trials land on "
+                                     "and how many trials it holds at once")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a spec field before it is validated, e.g. resources.gpus_per_worker=1, "
+                        "base.optim.steps=100, name=x, grid.task.params.train_k=[2,4] (repeatable; VALUE is YAML)")
     return p.parse_args(argv)
-
-
-def cluster_cpus(address: str | None) -> int:
-    """CPUs of the embedded local Ray; 0 (unknown, the cluster decides) when joining a cluster."""
-    return (os.cpu_count() or 1) if address is None else 0
-
-
-def plan_lines(spec: StudySpec, max_concurrent: int | None) -> list[str]:
-    r = spec.resources
-    per_trial = f"{r.workers_per_trial} worker(s) x {r.cpus_per_worker:g} CPU"
-    if r.gpus_per_worker:
-        per_trial += f" + {r.gpus_per_worker:g} GPU"
-    cells = spec.cells()
-    lines = [
-        f"code: {ROOT}",
-        f"study {spec.name}: task {spec.task.name}, {len(cells)} cell(s) x {spec.trials_per_cell} trial(s)"
-        f" = {len(cells) * spec.trials_per_cell} trials",
-        "  search: " + (f"none (replicas: {spec.replicas} seeds)" if spec.search is None else
-                        f"{spec.search.sampler} over {', '.join(spec.search.params)}, "
-                        f"{spec.search.trials_per_cell} trial(s) per cell"
-                        + (f", then {spec.replicas - 1} replica(s) of the selected config (new seeds)"
-                           if spec.replicas > 1 else "")),
-        f"  objective: {spec.objective.mode} {spec.objective.metric}; scheduler: {spec.scheduler.type}",
-        f"  per trial: {per_trial}, ZeRO-{r.zero_stage}{', bf16' if r.bf16 else ''}; "
-        f"concurrent trials: {max_concurrent or 'as the cluster fits'}",
-    ]
-    for c in cells:
-        lines.append(f"  cell {c.index}: {c.label}")
-    return lines
 
 
 def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking_uri: str,
                   experiment: str | None = None) -> list[str]:
     """The end of a study in the terminal: per cell the selected config (and how a tie was broken),
-    its means and 95% intervals over seeds, accuracy per k_test at the longest test length, the
+    its mean [min-max] over seeds, accuracy per k_test at the longest test length, the
     files written, and where MLflow shows it (the UI with this venv's `mlflow`, and a deep link
     to the runs table)."""
     from mlflow.tracking import MlflowClient
@@ -110,48 +91,13 @@ def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking
         return lines
     if tracking_uri.startswith("http"):
         return lines + [f"MLflow:  {link}"]
-    mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")
-    return lines + [f"MLflow:  {mlflow_bin} ui --backend-store-uri {tracking_uri}", f"         then open {link}"]
+    import shlex
 
+    from trial.storage import redact
 
-def placement_lines(spec: StudySpec, cluster_yaml: str, max_concurrent: int | None) -> list[str]:
-    """Which node type of a cluster config the trials' workers land on, and whether the study's
-    concurrency fits the node types' max_workers."""
-    import yaml
-
-    with open(cluster_yaml) as f:
-        types = yaml.safe_load(f).get("available_node_types", {})
-    r = spec.resources
-    need = {"CPU": r.cpus_per_worker, "GPU": r.gpus_per_worker}
-    fits = []
-    for name, node in types.items():
-        have = node.get("resources", {})
-        per_node = min(int(have.get(k, 0) // v) for k, v in need.items() if v > 0)
-        if per_node >= 1:
-            fits.append((have.get("GPU", 0), have.get("CPU", 0), name, per_node, node.get("max_workers", 0)))
-    if not fits:
-        return [f"  node type: none in {cluster_yaml} fits a worker needing {need}"]
-    fits.sort()
-    gpus, cpus, name, per_node, _ = fits[0]
-    lines = [f"  node type: workers land on {name} ({gpus:g} GPU, {cpus:g} CPU; {per_node} worker(s) per node)"
-             + (f"; also fit: {', '.join(f[2] for f in fits[1:])}" if len(fits) > 1 else "")]
-    capacity = sum(f[3] * f[4] for f in fits)
-    wanted = (max_concurrent or 1) * r.workers_per_trial
-    if wanted > capacity:
-        lines.append(f"  warning: {max_concurrent} concurrent trials x {r.workers_per_trial} worker(s) need "
-                     f"{wanted} worker slots; the fitting node types' max_workers give {capacity}")
-    return lines
-
-
-def default_concurrency(spec: StudySpec, cpus: int) -> int | None:
-    """Trials that fit at once on a local machine (Ray Train workers are not reserved by Tune, so
-    running more would leave worker groups waiting for CPUs)."""
-    r = spec.resources
-    if r.max_concurrent_trials:
-        return r.max_concurrent_trials
-    if not cpus:
-        return None
-    return max(1, int(cpus // (r.workers_per_trial * r.cpus_per_worker)))
+    mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")  # a command to paste: quoted
+    return lines + [f"MLflow:  {shlex.quote(mlflow_bin)} ui --backend-store-uri {shlex.quote(redact(tracking_uri))}",
+                    f"         then open {link}"]
 
 
 def local_shortfall(spec: StudySpec) -> str | None:
@@ -231,7 +177,7 @@ def _checked_spec(args) -> StudySpec:
     if problem:
         raise StudyExit(EXIT_BAD_INPUT, f"error: {problem}")
     try:
-        return load_spec(args.space)
+        return load_spec(args.space, preflight.trials_run_here(args.address), args.set)  # its memory bounds a trial's
     except (OSError, ValueError) as e:  # checked before anything is written under --storage
         where = "" if isinstance(e, InputFileError) else f"{args.space}: "  # it names file:line:col
         raise StudyExit(EXIT_BAD_INPUT, f"error: {where}{describe_errors(e)}") from None
@@ -241,12 +187,16 @@ def _dry_run(args, spec: StudySpec, concurrency: int | None) -> int:
     from study.experiment.tuning import build_search
 
     build_search(spec, spec.resources.model_dump())  # what Tune would be given, built (no Ray started)
-    lines = plan_lines(spec, concurrency)
-    if args.cluster:
-        try:
-            lines[5:5] = placement_lines(spec, args.cluster, concurrency)
-        except OSError as e:
-            raise StudyExit(EXIT_BAD_INPUT, f"error: --cluster: {e}") from None
+    if not args.cluster:
+        print("\n".join(plan_lines(spec, concurrency, "" if args.address else "this machine's CPUs")))
+        return 0
+    try:
+        cluster = read_cluster(args.cluster)
+    except OSError as e:
+        raise StudyExit(EXIT_BAD_INPUT, f"error: --cluster: {e}") from None
+    concurrency = spec.resources.max_concurrent_trials or cluster_concurrency(spec, cluster)  # not this machine's
+    lines = plan_lines(spec, concurrency, f"what {args.cluster} holds")
+    lines[5:5] = placement_lines(spec, cluster, args.cluster, concurrency)
     print("\n".join(lines))
     return 0
 
@@ -255,6 +205,7 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
     """Whether this study may start (or resume) here; returns its stored identity on --resume (None
     for a new study). A study without a readable study.json or driver.lock is refused."""
     from study.record import identity as ident
+    from study.spec.trust import check_resume_folder
     from trial import storage as store
 
     shortfall = None if address else local_shortfall(spec)
@@ -274,6 +225,9 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
     _check_lock_file(study_dir)
     if not args.resume:
         return None
+    untrusted = check_resume_folder(study_dir)  # a resume unpickles what the folder holds
+    if untrusted:
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {untrusted}")
     try:  # no study.json (or a corrupt one): refused, never matched to a record by name
         stored = ident.read(study_dir, spec.name)
     except ident.StudyFileError as e:
@@ -304,7 +258,7 @@ def _check_lock_file(study_dir: str) -> None:
             raise ValueError("not a JSON object")
     except store.StorageError as e:
         raise StudyExit(EXIT_BAD_INPUT, f"error: --storage: {e}") from None
-    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError: ValueErrors; nested deeply
         raise StudyExit(EXIT_BAD_INPUT, f"error: {store.redact(path)}: not a driver lock ({' '.join(str(e).split())[:120]}); "
                    "nothing was changed. If no driver runs this study, delete the file and run again") from None
 
@@ -364,9 +318,9 @@ def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, addres
     except StudyLocked as e:  # before anything of the study was touched
         raise StudyExit(EXIT_BAD_INPUT, f"error: {e}") from None
     except store.StorageError as e:  # the storage stopped answering (study/experiment/snapshots.py): stopped, resumable
+        then = "there is room" if isinstance(e, store.StorageFull) else "the storage answers"
         raise StudyExit(1, f"error: --storage: {e}. Study {spec.name!r} stopped: the trials it finished are kept, the "
-                      "others continue from their last checkpoint; continue it with --resume once the storage "
-                      "answers") from None
+                      f"others continue from their last checkpoint; continue it with --resume once {then}") from None
     except KeyboardInterrupt as e:  # the study's MLflow run is KILLED and nothing was reported
         raise StudyExit(EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED) from None
     except Exception as e:  # a full disk surfaces anywhere (Tune, DeepSpeed, MLflow): say so, not how

@@ -35,11 +35,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--k-max", type=int, help=f"default {d.k_max}")
     p.add_argument("--recover", type=float, help=f"default {d.recover}")
     p.add_argument("--draws", type=int, help=f"default {d.draws}")
-    p.add_argument("--short-context", type=int)
+    p.add_argument("--short-context", type=int, help="tokens before the target always kept "
+                   "(default: 0 resample, 1 hide, 32 text)")
     p.add_argument("--long-context", type=int, help=f"text: tokens before the target (default {d.long_context})")
     p.add_argument("--length", type=int, help="synthetic: measure at this length (default: the train mix)")
     p.add_argument("--k", type=int, help="synthetic k-tasks: measure at this k")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the targets and resampled values (default 0)")
     p.add_argument("--out", default="sparsity_out", help="folder for targets.csv, summary.csv, k_hist.png")
     return p.parse_args(argv)
 
@@ -75,7 +76,8 @@ def write_and_print(table, info: dict, task, spec: SparsitySpec, out: str) -> No
     os.makedirs(out, exist_ok=True)
     csv_ready(table).to_csv(os.path.join(out, "targets.csv"), index=False)
     summary.to_csv(os.path.join(out, "summary.csv"), index=False)
-    plot_k(table, spec.k_max, os.path.join(out, "k_hist.png"))
+    plot_k(table, spec.k_max, os.path.join(out, "k_hist.png"),
+           f"sparsity meter on {task.name}: {spec.method}/{info['ablation']}, {len(table)} targets")
     print(f"task={task.name} method={spec.method} ablation={info['ablation']} L={info['short_context']} "
           f"k_max={spec.k_max} recover={spec.recover}: {len(table)} targets in {info['seconds']:.1f} s "
           f"({info['seconds_per_1k_targets']:.1f} s per 1000 targets)")

@@ -1,5 +1,5 @@
 """Train one trial in this process, without Ray: `python -m study.train CONFIG.yaml [--seed S]
-[--steps N] [--out eval.csv]`.
+[--steps N] [--set KEY=VALUE ...] [--out eval.csv]`.
 
 The same loop a study runs (trial/loop.py), with the analyses its config asks for, printing the
 evaluation table. For a first look at a trial config, or to debug one, before a study runs it.
@@ -14,20 +14,25 @@ import sys
 import torch
 
 from analysis import ANALYSES
-from trial.config import TrialConfig, load_trial_config
+from study.spec import overrides as override
+from trial.config import TrialConfig
+from trial.limits import fits
 from trial.loop import Diverged, train_loop_per_worker
-from trial.yaml_io import describe_errors
+from trial.yaml_io import describe_errors, load_yaml
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m study.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m study.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="trial config YAML (e.g. search_spaces/trials/sparse_parity.yaml)")
     parser.add_argument("--seed", type=int, help="override the config's seed")
     parser.add_argument("--steps", type=int, help="override optim.steps")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a config field before it is validated, e.g. optim.lr=0.001, "
+                             "positional.encoding=rope (repeatable; VALUE is YAML)")
     parser.add_argument("--out", help="write the evaluation table here (CSV)")
     args = parser.parse_args(argv)
     try:
-        cfg = load_trial_config(args.config)
+        cfg = TrialConfig.model_validate(override.apply(load_yaml(args.config, "a trial config"), args.set))
         overrides = {}
         if args.seed is not None:
             overrides["seed"] = args.seed
@@ -36,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                                   "warmup_steps": min(cfg.optim.warmup_steps, max(args.steps, 1))}
         if overrides:
             cfg = TrialConfig.model_validate({**cfg.model_dump(), **overrides})
+        problem = fits(cfg, gpus_per_worker=1 if torch.cuda.is_available() else 0)  # this machine's memory
+        if problem:
+            raise ValueError(problem)
     except (OSError, ValueError) as e:
         print(f"error: {describe_errors(e)}", file=sys.stderr)
         return 2

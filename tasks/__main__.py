@@ -35,11 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="print task names with a one-line description")
     sample = commands.add_parser("sample", help="print samples as JSON lines")
-    sample.add_argument("task")
+    sample.add_argument("task", help="a task name (`python -m tasks list`)")
     sample.add_argument("--length", type=int, default=None, help="fixed length (default: training distribution)")
     sample.add_argument("--k", type=int, default=None, help="fixed k (default: training distribution)")
-    sample.add_argument("--count", type=int, default=1)
-    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--count", type=int, default=1, help="how many samples (default 1)")
+    sample.add_argument("--seed", type=int, default=0, help="same seed, same samples (default 0)")
     sample.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="task constructor parameter (repeatable)")
     return parser

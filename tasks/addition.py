@@ -12,9 +12,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import BOS, Batch, Task, TaskParamError, Vocab, make_batch, require_int, with_bos
-from .operands import check_operand_order, operands_lsb_first
+from .operands import check_operand_order, drop_tokens, operands_lsb_first
 
 DIGITS = [str(d) for d in range(10)]
+OPERAND_DRAWS = ("equal", "independent", "unpadded")
 
 
 def _msb_first(digits: np.ndarray) -> str:
@@ -35,12 +36,13 @@ class AdditionTask(Task):
         super().__init__(**common)
         # msb_first as Cho et al. write them; lsb_first as Abacus and FIRE's addition results were measured
         self.operand_order = check_operand_order(operand_order)
-        if operands not in ("equal", "independent"):
-            raise TaskParamError("operands", f"expected 'equal' or 'independent', got {operands!r}")
+        if operands not in OPERAND_DRAWS:
+            raise TaskParamError("operands", f"expected one of {list(OPERAND_DRAWS)}, got {operands!r}")
         # training draws: both operands with the sample's length (equal), or each operand's length
         # drawn on its own from [min_length, train_length] and the shorter one zero-padded at the
         # top to the longer one (independent, as the reference implementation of position coupling
-        # does). Test cells always have two operands of the cell's length.
+        # does) or written as it is (unpadded, as the Abacus reference draws every pair of lengths).
+        # Test cells always have two operands of the cell's length.
         self.operands = operands
         self._digit_ids = self.vocab.ids(DIGITS)
 
@@ -124,10 +126,13 @@ class AdditionTask(Task):
                 carry = [col_a(j - 1), col_b(j - 1), 2 * length + 1 + j] if j > 0 else []
                 deps.append(now + carry)
             deps.append([])  # <eos>
-            meta.append({"a": _msb_first(a[i, :length]), "b": _msb_first(b[i, :length]), "length": length,
+            own = (length, length) if digits is None or self.operands != "unpadded" else (na[i, 0], nb[i, 0])
+            meta.append({"a": _msb_first(a[i, :own[0]]), "b": _msb_first(b[i, :own[1]]), "length": length,
                          "deps": deps})
         batch = make_batch(
             tokens, position_ids, 2 * lengths + 2, 3 * lengths + 4, in_c, answers, meta,
             pad_id=self.vocab.pad_id,
         )
+        if self.operands == "unpadded" and digits is not None:  # the padding zeros leave the prompt
+            batch = drop_tokens(batch, (in_a & (sig_a >= na)) | (in_b & (sig_b >= nb)))
         return operands_lsb_first(batch, self._digit_ids) if self.operand_order == "lsb_first" else batch

@@ -180,7 +180,7 @@ class Task(ABC):
     evaluation: ClassVar[str] = "generate"
     default_train_length: ClassVar[int]
     default_train_k: ClassVar[int | None] = None
-    # whether the coupled ids are local (PAPER.md): the token that predicts a target finds every
+    # whether the coupled ids are local (Golowich et al.'s Definition 4.1): the token that predicts a target finds every
     # token the target depends on (meta["deps"]) at an id offset that does not grow with the length
     local_coupling: ClassVar[bool] = False
 

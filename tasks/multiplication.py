@@ -19,7 +19,7 @@ it: 10^w carry_j + sum_l 10^(w-l) c_{j-l} = sum_l 10^(w-l) P_{j-l} + carry_{j-w}
 0 <= carry_{j-w} < 10^w, so carry_j = ceil(sum_l 10^(w-l) (P_{j-l} - c_{j-l}) / 10^w). meta["deps"]
 of c_j: the a_i and b_i with j - w <= i + i' <= j, and c_{j-w} .. c_{j-1}; `<eos>` none.
 
-Locality (PAPER.md): c_j is predicted by c_{j-1} (or `=`), id j, which finds the a digits at offsets
+Locality (Golowich et al.'s Definition 4.1): c_j is predicted by c_{j-1} (or `=`), id j, which finds the a digits at offsets
 2 - w - M .. +1 and the earlier product digits at 1 - w .. 0, whatever N: local in a and in the
 product. But b_0 .. b_{M-1} keep ids 1 .. M while the predicting token's id grows with j, so their
 offsets grow with the length: the coupling is *not* local (b must be found by content, as the M

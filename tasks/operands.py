@@ -1,6 +1,7 @@
 """How the operands of the arithmetic tasks (addition, multiplication) are written: most significant
 digit first, as Cho et al. write them, or least significant first, as Abacus (McLeish et al. 2024)
-and Zhou et al. 2024's FIRE addition were measured (`operand_order`)."""
+and Zhou et al. 2024's FIRE addition were measured (`operand_order`), and without the zeros that pad
+the shorter operand (addition's `operands: unpadded`, as the Abacus reference draws them)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,26 @@ def operands_lsb_first(batch: Batch, digit_ids: np.ndarray) -> Batch:
     return Batch(tokens=batch.tokens[rows, order], position_ids=batch.position_ids[rows, order],
                  loss_mask=batch.loss_mask, answer_mask=batch.answer_mask, prompt_len=batch.prompt_len,
                  seq_len=batch.seq_len, answers=batch.answers, meta=meta)
+
+
+def drop_tokens(batch: Batch, drop: np.ndarray) -> Batch:
+    """The batch without the tokens `drop` marks (bool [B, T]; prompt tokens only): the others move
+    left in order, with their ids, masks and `meta["deps"]`, and the padding follows them."""
+    B, T = batch.tokens.shape
+    cols = np.arange(T)[None, :]
+    keep = ~drop & (cols < batch.seq_len[:, None])
+    order = np.argsort(~keep, axis=1, kind="stable")  # kept columns first, in their order
+    new_col = np.cumsum(keep, axis=1) - 1  # where each kept column lands
+    seq_len = keep.sum(1)
+    prompt_len = (keep & (cols < batch.prompt_len[:, None])).sum(1)
+    valid = cols < seq_len[:, None]
+
+    def move(a: np.ndarray, fill) -> np.ndarray:
+        return np.where(valid, np.take_along_axis(a, order, axis=1), fill)
+
+    meta = [dict(m, deps=[[int(new_col[b, p]) for p in d if keep[b, p]] for d in m["deps"]]) if "deps" in m else m
+            for b, m in enumerate(batch.meta)]  # a dropped token is nothing to depend on
+    width = int(seq_len.max())
+    return Batch(tokens=move(batch.tokens, 0)[:, :width], position_ids=move(batch.position_ids, 0)[:, :width],
+                 loss_mask=move(batch.loss_mask, False)[:, :width], answer_mask=move(batch.answer_mask, False)[:, :width],
+                 prompt_len=prompt_len, seq_len=seq_len, answers=batch.answers, meta=meta)

@@ -2,7 +2,7 @@
 
 b_1 .. b_n `=` s_1 .. s_n `<eos>`, s_i = b_1 xor .. xor b_i, so s_n is the answer. Each step
 depends on two tokens, the previous step and the next bit. The coupled ids make that dependency
-*local* (PAPER.md, "When does a coupling help?"): b_i has id i, `=` shares id 1 with b_1, and s_i
+*local* (Golowich et al.'s Definition 4.1): b_i has id i, `=` shares id 1 with b_1, and s_i
 has id i + 1, so the token that predicts s_i (s_{i-1}, or `=` for s_1) carries id i and finds b_i
 at offset 0. s_n (id n + 1) finds no input bit at its own id: that is where `<eos>` goes.
 """
@@ -24,6 +24,7 @@ class ParityTask(Task):
     uses_k: ClassVar[bool] = False
     local_coupling: ClassVar[bool] = True
     default_train_length: ClassVar[int] = 20
+    answer_chance: ClassVar[float] = 0.5  # the answer is one even bit: a guess (the figures' chance line)
 
     def __init__(self, **common: Any) -> None:
         super().__init__(**common)

@@ -4,13 +4,13 @@ b_1 .. b_n `=` s_0 s_1 .. s_k `<eos>`: s_0 = 0 opens the scratchpad, s_i = s_{i-
 marked bit), s_k is the answer. Each step depends on two tokens, the previous step and one marked
 bit whose place depends on the input.
 
-Coupled ids are *local* (PAPER.md, "When does a coupling help?"): each scratchpad token carries the
+Coupled ids are *local* (Golowich et al.'s Definition 4.1): each scratchpad token carries the
 id of the marked bit consumed by the *next* step (s_{i-1} has the id of the i-th marked bit), so the
 token that predicts s_i reads its bit at offset 0; s_k carries the id of `=` (no bit left), which it
 reads at offset 0 to end with `<eos>`. What is not local is finding "the next marked bit after this
 one": that is the id the PPC position head has to predict, a content search over a gap that grows
-with the length. (The first design gave s_i the id of the bit it consumed: then the predicting token
-had to cross that gap itself, and coupling did worse than none; see README.)
+with the length. (Giving s_i the id of the bit it consumes instead leaves the predicting token to
+cross that gap itself, and coupling then does worse than none: docs/coupling.md.)
 """
 
 from __future__ import annotations

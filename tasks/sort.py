@@ -2,7 +2,7 @@
 al. 2023), whose inputs are n symbols drawn uniformly from 0..vocab_size-1 (5 in the paper) and whose
 output is the same n symbols in increasing order.
 
-No coupling is local here (PAPER.md, "When does a coupling help?"): output i is the i-th smallest
+No coupling is local here (Golowich et al.'s Definition 4.1): output i is the i-th smallest
 input, which depends on every input symbol (how many of each there are), so whatever ids the inputs
 get, the token that predicts it must read n tokens, a set that grows with the length. The ids are
 therefore plain sequential ones, and the task declares its coupling not local.

@@ -45,6 +45,7 @@ class SparseParityTask(Task):
     uses_k: ClassVar[bool] = True
     default_train_length: ClassVar[int] = 20
     default_train_k: ClassVar[int | None] = 3
+    answer_chance: ClassVar[float] = 0.5  # the answer is one even bit: a guess (the figures' chance line)
 
     def __init__(self, *, locality: int | None = None, **common: Any) -> None:
         super().__init__(**common)

@@ -5,7 +5,7 @@ There, length n is the input string's length, the alphabet is binary (`vocab_siz
 output (n symbols reversed, 2n symbols duplicated, no separator) comes without a prompt token. Here
 the input is followed by `=`, the output and `<eos>`, as in `copy`. Coupled ids give each output
 token the id of the input token it copies (duplicate: all but one, see there), so the token that
-predicts it reads it at one fixed offset, whatever n (PAPER.md, "When does a coupling help?").
+predicts it reads it at one fixed offset, whatever n (Golowich et al.'s Definition 4.1).
 """
 
 from __future__ import annotations

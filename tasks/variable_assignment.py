@@ -2,7 +2,7 @@
 
 length = number of statements m, k = chain depth d. With a scratchpad the model first repeats the
 queried variable, then writes each variable of the chain and finally the digit. Coupled ids are
-*local* (PAPER.md, "When does a coupling help?"): every scratchpad variable carries the id of the
+*local* (Golowich et al.'s Definition 4.1): every scratchpad variable carries the id of the
 `x` of the statement `x = y ;` that assigns it, so the token that predicts the next step reads it at
 offset +2 (the `y`); the digit carries its own statement's `y` id. Finding *which* statement assigns
 a variable is a content lookup: under PPC the position head does it by predicting that id.

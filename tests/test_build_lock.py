@@ -13,10 +13,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from trial.session import remove_stale_lock
+import pytest
+
+from trial.session import extension_folder, remove_stale_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 OP = "deepspeed_shm_comm"
@@ -55,7 +58,7 @@ def test_a_lock_a_running_build_holds_is_left_alone(tmp_path):
 
 def test_training_starts_on_a_lock_a_killed_load_left(tmp_path):
     """Before, this hung forever (no output) inside DeepSpeed's op load; then it refused to start."""
-    built = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(sys.prefix, "torch_extensions")) / OP
+    built = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or extension_folder()) / OP
     extensions = tmp_path / "ext"
     if (built / f"{OP}.so").exists():  # this environment's build, so the test does not build it again
         shutil.copytree(built, extensions / OP, ignore=shutil.ignore_patterns("lock", "load.flock"))
@@ -80,10 +83,82 @@ def test_extension_builds_use_this_environments_ninja_and_folder(monkeypatch):
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     pin_extension_builds()
-    assert os.environ["TORCH_EXTENSIONS_DIR"] == os.path.join(sys.prefix, "torch_extensions")
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == extension_folder()
     venv_bin = os.path.dirname(sys.executable)
     if os.path.exists(os.path.join(venv_bin, "ninja")):
         assert shutil.which("ninja") == os.path.join(venv_bin, "ninja")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/somewhere/else")
     pin_extension_builds()
     assert os.environ["TORCH_EXTENSIONS_DIR"] == "/somewhere/else"
+
+
+# --- a lock this process cannot judge is never removed ---------------------------------------------------
+NOBODY = 65534  # another user: the tests run as root here, and root may act as any user
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+
+
+def as_nobody(code: str, *args: str, **kw) -> subprocess.Popen:
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to run a process as another user")
+    return subprocess.Popen([*AS_NOBODY, sys.executable, "-c", code, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "HOME": "/nonexistent"}, **kw)
+
+
+def test_another_users_lock_is_never_removed(tmp_path):
+    """Their processes cannot be inspected: one of them may be building (a build keeps the lock open
+    without touching its mtime)."""
+    lock = stale_lock(tmp_path)
+    os.chown(lock, NOBODY, NOBODY)
+    assert not remove_stale_lock(str(lock), recheck_s=0.1)
+    assert lock.exists()
+
+
+@pytest.fixture
+def shared():
+    """A folder another user can reach (pytest's own are this user's only)."""
+    folder = Path(tempfile.mkdtemp(prefix="build-lock-", dir="/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_a_lock_whose_holder_cannot_be_inspected_is_left_alone(shared):
+    """The lock's owner runs a holder this process may not inspect (not dumpable: its open files are
+    hidden from other processes of its user); the check runs as that user too."""
+    lock = stale_lock(shared, age_s=0)
+    os.chown(lock.parent, NOBODY, NOBODY)
+    os.chown(lock, NOBODY, NOBODY)
+    holder = as_nobody("import ctypes, sys, time; f = open(sys.argv[1]); ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "
+                       "print(1, flush=True); time.sleep(60)", str(lock))
+    try:
+        assert holder.stdout.readline().strip() == "1", holder.stderr.read()
+        check = as_nobody("import sys; from trial.session import remove_stale_lock; "
+                          "print(remove_stale_lock(sys.argv[1], 0.1))", str(lock))
+        out, err = check.communicate(timeout=120)
+        assert check.returncode == 0 and out.strip() == "False", err
+        assert lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_this_user_may_not_remove_is_no_error(shared):
+    """A shared folder this user may not change (another user's build folder, made writable to read):
+    the lock stays, and loading waits for it as torch would, without a traceback."""
+    lock = stale_lock(shared)  # the folder stays root's
+    os.chown(lock, NOBODY, NOBODY)
+    check = as_nobody("import sys; from trial.session import remove_stale_lock; "
+                      "print(remove_stale_lock(sys.argv[1], 0.1))", str(lock))
+    out, err = check.communicate(timeout=120)
+    assert check.returncode == 0 and out.strip() == "False", err
+    assert lock.exists()
+
+
+def test_the_default_build_folder_is_per_user(tmp_path):
+    """Two users of one environment build in folders of their own."""
+    mine = extension_folder()
+    theirs = as_nobody("from trial.session import extension_folder; print(extension_folder())")
+    out, err = theirs.communicate(timeout=120)
+    assert theirs.returncode == 0, err
+    assert out.strip() != mine and out.strip().startswith("/nonexistent/.cache/torch_extensions/")
+    assert os.path.basename(mine) == os.path.basename(out.strip())  # one folder name per environment

@@ -83,7 +83,7 @@ def test_addition_with_coupling_generalizes_to_twice_the_train_length():
     assert exact_at(coupled, 8, "coupled") >= 0.9
 
 
-# Issue 19's measured negative (full-attention coupled addition fits and fails at 2x and 3x at laptop
+# The measured negative of docs/coupling.md (full-attention coupled addition fits and fails at 2x and 3x at laptop
 # scale) is pinned by benchmarks/coupling.py's claims on coupling_full_attention.yaml, at the budget
 # the README's table reports, not by a CI-sized copy of it here.
 
@@ -106,7 +106,7 @@ def test_ppc_pointer_head_finds_the_next_marked_bit_past_the_train_length():
     on <= 10 bits, predicts its own ids at 2x and 3x and the scratchpad is right with them (seeds
     3, 4, 5 at 3x, one torch thread: id_match 0.94 / 1.00 / 0.98, exact 0.91 / 0.98 / 0.97; the
     figures move by a sample or two with the thread count, which changes float reduction order).
-    The id-class head of the first design, same budget, does not find them at 3x (id_match
+    An id-class position head (a class per id), same budget, does not find them at 3x (id_match
     0.13-0.18), where its classes were rarely targets."""
     task = {"name": "parity_scratchpad", "params": {"train_length": 10, "min_length": 4, "train_k": 3}}
     positional = {"encoding": "learned", "ids": "predicted", "max_position": 40}

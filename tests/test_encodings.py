@@ -1,5 +1,7 @@
-"""The encoding seam (models/encodings): the registry, the old encodings as their formulas, and the
-semantics of the new schemes: fire, t5_bias, abacus digit places, randomized ids."""
+"""The encoding seam (models/encodings): the registry, nope/learned/rope/alibi as their formulas, and
+the semantics of fire, t5_bias, abacus digit places and randomized ids."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -78,7 +80,7 @@ def test_a_registered_encoding_trains_without_touching_the_decoder():
         del REGISTRY["toy_distance"]
 
 
-# --- the old encodings are their formulas ---------------------------------------------------
+# --- nope, learned, rope and alibi are their formulas ---------------------------------------
 
 def test_old_encodings_are_their_formulas():
     q, k = pairs()
@@ -101,7 +103,7 @@ def test_old_encodings_are_their_formulas():
 
 
 def test_old_encodings_keep_their_parameter_names():
-    """Checkpoints and the random stream of nope/learned/rope/alibi are as before the seam (the
+    """Checkpoints of nope/learned/rope/alibi keep their parameter names and random stream (the
     weights themselves: the smoke study's results.csv, tests/test_records.py)."""
     for name in ("nope", "learned", "rope", "alibi"):
         keys = [key for key in make(name).state_dict() if key.startswith("pos_emb")]
@@ -256,6 +258,34 @@ def test_abacus_embeds_each_digit_by_its_place_with_a_training_offset():
         abacus(torch.tensor([[21]]))
 
 
+def test_abacus_as_published_draws_an_offset_per_sample_up_to_its_bound_and_normalises_the_sum():
+    """The options of the Abacus reference: an offset per sample (each update mixes many offsets), its
+    largest value, LayerNorm on the input sum, the table's init std; the defaults draw and build the
+    model they always did."""
+    torch.manual_seed(0)
+    places = torch.tensor([[0, 3, 2, 1, 0, 1]] * 64)
+    per_sample = Abacus(max_place=20, d_model=8, max_offset=7, per="sample").train()
+    offset = per_sample.indices(places) - places
+    assert (offset[:, 1:4] == offset[:, 1:2]).all() and (offset[:, [0, 4]] == 0).all()  # one per sample
+    assert len(set(offset[:, 1].tolist())) > 4 and int(offset.max()) <= 7 and per_sample.emb.num_embeddings == 28
+    old = make("nope", abacus=True)
+    torch.manual_seed(0)
+    same = DecoderLM(dataclasses.replace(old.cfg, abacus_offset="sample", abacus_norm=False))
+    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), same.state_dict().values()))
+    torch.manual_seed(0)
+    published = DecoderLM(dataclasses.replace(old.cfg, abacus_norm=True, abacus_init_std=0.5))
+    assert float(published.abacus.emb.weight.std()) == pytest.approx(0.5, rel=0.1)
+    tokens, ids = torch.randint(0, 13, (2, 6)), torch.arange(6).expand(2, 6)
+    published.eval()
+    x = {}
+    published.input_norm.register_forward_hook(lambda m, i, o: x.setdefault("sum", o))
+    published(tokens, ids, digit_places=places[:2])
+    assert x["sum"].mean(-1).abs().max() < 1e-5 and float(x["sum"].std(-1, unbiased=False).mean()) == pytest.approx(1, rel=1e-3)
+    with pytest.raises(ValidationError, match="abacus_norm"):
+        TrialConfig.model_validate({"task": {"name": "addition"}, "eval": {"lengths": [4]},
+                                    "positional": {"encoding": "nope", "abacus_norm": True}})
+
+
 def test_abacus_combines_with_an_encoding_and_generates_with_the_cache():
     model = make("fire", abacus=True)
     tokens = torch.randint(0, 13, (2, 10))
@@ -277,38 +307,54 @@ def test_abacus_needs_a_task_with_digit_places():
         TrialConfig.model_validate({"task": {"name": "parity", "params": {"train_length": 3}}, **base})
 
 
-def test_the_schemes_table_has_a_row_per_scheme_and_checks_only_the_claims_it_ran():
-    """benchmarks/schemes.py, the README's "which scheme extrapolates where": a row per scheme, a column
-    per task, 2x / 3x and the runs that reach 0.95 at 2x; a claim whose cells were filtered out is
-    skipped, one that was run and fails is a failure; the reversal claim reads answer-token accuracy
-    (Ruoss et al.'s metric), which has its own table."""
+def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_seed():
+    """benchmarks/schemes.py, "which scheme extrapolates where": a row per scheme, a column per task,
+    2x / 3x and the runs that reach 0.95 at 2x; a cell below 0.95 exact at the train length reads
+    "did not fit" and fails every claim that needs it; a claim that one scheme beats another holds
+    only when every seed's paired difference is above zero; a claim whose cells were not run is not
+    judged."""
     import pandas as pd
 
-    from benchmarks.coupling import check_claims
-    from benchmarks.schemes import LITERATURE, scheme_of, scheme_table
+    from benchmarks.schemes import (
+        FIELD_CLAIMS,
+        LITERATURE,
+        check_field_claims,
+        judge,
+        scheme_of,
+        scheme_table,
+    )
 
     random_ = {"positional.encoding": "learned", "positional.ids": "randomized", "positional.max_position": 96,
                "task.name": "reverse"}
     assert scheme_of(random_) == "learned, randomized" and scheme_of({"positional.abacus": True}).endswith("abacus")
-    rows = [{"spec": "schemes_by_task", "cell": cell, "scheme": scheme, "task": "reverse", "seed": seed,
-             "data_seed": None, "checkpoint": "last", "own_ids": True, "length": n, "k": None,
-             "exact_match": exact if n > 8 else 1.0, "answer_token_acc": 0.5 + exact / 2 if n > 8 else 1.0}
-            for cell, scheme, exact_by_seed in (
-                ("encoding=learned,ids=randomized,max_position=96,name=reverse", "learned, randomized", (1.0, 0.5, 0.97)),
-                ("encoding=learned,ids=sequential,max_position=96,name=reverse", "learned, sequential", (0.0, 0.0, 0.0)))
-            for seed, exact in enumerate(exact_by_seed) for n in (8, 16, 24)]
-    table = pd.DataFrame(rows)
-    text = scheme_table(table, train_length=8)
+
+    def table(randomized, sequential, fit=(1.0, 1.0)):
+        return pd.DataFrame([
+            {"scheme": scheme, "task": "reverse", "seed": seed, "data_seed": None, "length": n,
+             "exact_match": exact if n > 8 else fitted, "answer_token_acc": 0.5 + exact / 2 if n > 8 else fitted}
+            for scheme, by_seed, fitted in (("learned, randomized", randomized, fit[0]),
+                                            ("learned, sequential", sequential, fit[1]))
+            for seed, exact in enumerate(by_seed) for n in (8, 16, 24)])
+
+    good = table((1.0, 0.5, 0.97), (0.0, 0.0, 0.0))
+    text = scheme_table(good, train_length=8)
     randomized = next(line for line in text.splitlines() if line.startswith("| learned, randomized"))
     assert "0.82 / 0.82 (2/3)" in randomized and LITERATURE["learned, randomized"] in randomized
-    tokens = scheme_table(table, train_length=8, metric="answer_token_acc")
+    tokens = scheme_table(good, train_length=8, metric="answer_token_acc")
     assert "| learned, randomized | 0.91 / 0.91 |" in tokens and "| learned, sequential | 0.50 / 0.50 |" in tokens
-    assert check_claims(table, "schemes_by_task", 8, only_run=True) == []  # duplicate, multiplication: skipped
-    assert check_claims(table, "schemes_by_task", 8)  # not skipped without only_run: "no cell matches"
-    worse = table.assign(answer_token_acc=[0.0 if "randomized" in c else 1.0 for c in table.cell])
-    assert any("randomized" in f for f in check_claims(worse, "schemes_by_task", 8, only_run=True))
-    exact_only = table.assign(exact_match=[0.0 if "randomized" in c else 1.0 for c in table.cell])
-    assert check_claims(exact_only, "schemes_by_task", 8, only_run=True) == []  # not the claim's metric
+    claim = {c.name: c for c in FIELD_CLAIMS}
+    assert judge(claim["randomized_reversal_exact"], good, 8)[0] is True
+    assert judge(claim["randomized_reversal_tokens"], good, 8)[0] is True
+    assert judge(claim["coupled_multiplication"], good, 8) == (None, "not run")
+    assert check_field_claims(good, 8) == []  # the rest not run: not failures
+    one_seed_below = table((1.0, 0.5, 0.0), (0.0, 0.0, 0.1))  # the mean is above, one seed is not
+    holds, figures = judge(claim["randomized_reversal_exact"], one_seed_below, 8)
+    assert holds is False and "paired difference 0.47 [-0.10-1.00]" in figures
+    unfit = table((1.0, 0.5, 0.97), (0.0, 0.0, 0.0), fit=(1.0, 0.40))
+    assert "| learned, sequential | did not fit (0.40) |" in scheme_table(unfit, 8)
+    holds, figures = judge(claim["randomized_reversal_exact"], unfit, 8)
+    assert holds is False and figures == "learned, sequential did not fit (0.40 exact at 8)"
+    assert any("did not fit" in f for f in check_field_claims(unfit, 8))
 
 
 def test_benchmark_cells_pick_by_whole_label_or_part():

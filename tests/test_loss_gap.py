@@ -146,7 +146,7 @@ def trained_lm(tmp_path_factory):
 def test_trained_lm_losses_are_ordered(trained_lm):
     """L_short >= L_short,sparse(k) on average, and more tokens recover more. (L_sparse >= L_long
     need not hold: the gain method chooses tokens by the target's own loss, and for this briefly
-    trained model the k chosen tokens beat the whole context; the note on issue 4 says so.)"""
+    trained model the k chosen tokens beat the whole context.)"""
     from trial.loop import load_trained
 
     out, folder = trained_lm

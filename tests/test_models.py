@@ -234,7 +234,7 @@ def test_bos_prefix_keeps_id_zero_and_the_rest_is_shifted_as_before():
 
 
 def test_new_model_options_default_to_the_old_model():
-    """Options from the reference implementation (issue 19): their defaults build the same weights
+    """Options from the reference implementation of position coupling: their defaults build the same weights
     and logits; a larger embedding init scales those tables only; RMSNorm and unscaled attention
     change the function."""
     torch.manual_seed(0)

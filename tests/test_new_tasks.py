@@ -1,4 +1,4 @@
-"""Semantics of the tasks of issue 31: multiplication (Cho et al.'s N x M layout), reverse, duplicate
+"""Semantics of the field's tasks: multiplication (Cho et al.'s N x M layout), reverse, duplicate
 and sort (the Chomsky-hierarchy suite). The registry-wide checks (padding, maxima, the dependency rule
 of each target, locality) are in test_tasks.py; here is what each task means and its coupled ids."""
 

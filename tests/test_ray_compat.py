@@ -129,3 +129,52 @@ def test_the_embedded_ray_starts_with_token_auth_and_no_warning_about_it():
     assert "MODE token 7" in ours.stdout and "Token authentication" not in ours.stderr, ours.stderr[-2000:]
     kept = start("ray_compat.token_auth_as_ray_defaults_it()", env_mode="disabled")
     assert "MODE disabled 7" in kept.stdout, kept.stderr[-2000:]
+
+
+def test_the_torch_backend_names_the_loopback_config_relies_on_are_there():
+    """study/ray_compat.py's loopback_torch_config runs Ray's own setup steps (its env vars, its
+    process-group call) after making rank 0's store server on 127.0.0.1: their names and signatures,
+    and the TorchConfig it subclasses, as Ray 2.60 has them."""
+    from ray.train.torch import TorchConfig
+    from ray.train.torch.config import (
+        _set_torch_distributed_env_vars,
+        _setup_torch_process_group,
+        _TorchBackend,
+    )
+
+    assert list(inspect.signature(_setup_torch_process_group).parameters) == [
+        "backend", "world_rank", "world_size", "init_method", "timeout_s"]
+    assert list(inspect.signature(_set_torch_distributed_env_vars).parameters) == []
+    assert {"on_start", "on_shutdown", "on_training_start"} <= set(vars(_TorchBackend))
+    config = ray_compat.loopback_torch_config("gloo")
+    assert isinstance(config, TorchConfig) and config.backend == "gloo" and config.init_method == "env"
+    assert issubclass(config.backend_cls, _TorchBackend) and config.backend_cls is not _TorchBackend
+
+
+def test_rank_zeros_store_server_listens_on_the_loopback_only():
+    """torch's env:// rendezvous in rank 0 reuses the multi-tenant server of the same port: a process
+    group of one made through it, and every listening socket of this process is on 127.0.0.1."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import os, datetime, json, psutil, torch.distributed as dist
+from study import ray_compat
+port = ray_compat.serve_store_on_loopback(60)
+ray_compat.set_master_on_loopback(port)
+dist.init_process_group("gloo", init_method="env://", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"}
+print("LISTEN", json.dumps({"listening": sorted(listening), "port": port}))
+dist.destroy_process_group()
+ray_compat.drop_loopback_stores()
+"""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    seen = json.loads(next(x for x in out.stdout.splitlines() if x.startswith("LISTEN")).split(" ", 1)[1])
+    listening = [tuple(a) for a in seen["listening"]]
+    assert ("127.0.0.1", seen["port"]) in listening and all(ip == "127.0.0.1" for ip, _ in listening), listening

@@ -1,4 +1,4 @@
-"""Nothing recorded is lost or mixed (issue 20): a study's identity in MLflow, a resume held to the
+"""Nothing recorded is lost or mixed: a study's identity in MLflow, a resume held to the
 stored spec, ASHA that accounts for every trial, failed trials not rerun, one driver per study,
 reports written whole. Real `python study/run.py` processes, real Ray, MLflow (SQLite) and Optuna."""
 
@@ -66,7 +66,7 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     before = record_of(db, "records")
 
     # the same spec in another storage, one MLflow store: a second study beside the first, in an
-    # experiment of its own whose artifacts are under its own storage (issue 28)
+    # experiment of its own whose artifacts are under its own storage
     second = run(["--space", str(spec), "--storage", str(b), "--mlflow-uri", uri])
     assert second.returncode == 1, second.stdout[-3000:] + second.stderr[-3000:]
     elsewhere = f"records @ {b / 'mlartifacts' / 'records'}"

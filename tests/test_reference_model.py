@@ -1,4 +1,4 @@
-"""The reference implementation's model and protocol as trial options (issue 29): T5's init, a free
+"""The reference implementation's model and protocol as trial options: T5's init, a free
 head dim, norms after the residual add, the gated FFN, a tied readout, a data seed apart from the
 model seed, extrapolation tracked while training, and the checkpoint selected on longer lengths."""
 
@@ -25,7 +25,7 @@ def first_logits(model: DecoderLM, scale: bool) -> torch.Tensor:
 
 
 def test_t5_init_starts_attention_logits_near_unit_std_and_has_no_biases():
-    """The hypothesis of issue 29 rests on this: T5's init gives logits of std ~1, ours ~0.05."""
+    """docs/coupling.md's T5-model ablation rests on this: T5's init gives logits of std ~1, ours ~0.05."""
     torch.manual_seed(0)
     ours = DecoderLM(ModelConfig(vocab_size=13, d_model=128, n_heads=2, head_dim=64, tok_init_std=1.0,
                                  pos_init_std=1.0))

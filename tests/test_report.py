@@ -1,5 +1,5 @@
-"""What a study reports: the selection (objective, ties to val_loss), replicas of the selected
-config, intervals over seeds, length vs k extrapolation kept apart; and the record a researcher
+"""What a study reports: the selection (objective, ties within its sampling error to the first
+suggested), replicas of the selected config, mean [min-max] over seeds, length vs k extrapolation kept apart; and the record a researcher
 reads: MLflow's tags, parent metrics, figures and source, the UI itself in headless Chromium, and
 `python -m study.report` rebuilding the report from what was stored."""
 
@@ -17,11 +17,11 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import debian_package
-from scipy import stats
 from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
 
 from study.experiment.search import CellSearcher
-from study.record.report import interval, results_frame, select, summarize_seeds
+from study.record.report import results_frame, select, spread, summarize_seeds
+from study.record.selection import standard_error
 from study.spec.schema import StudySpec
 from trial.loop import summarize
 
@@ -33,15 +33,11 @@ def spec_of(**changes) -> StudySpec:
 
 
 # --- the statistics, on hand-made numbers ------------------------------------------------------
-def test_interval_is_students_t_over_seeds():
-    mean, lo, hi, n = interval(pd.Series([0.8, 0.9, 1.0]))
-    half = stats.t.ppf(0.975, 2) * 0.1 / math.sqrt(3)  # sd of (0.8, 0.9, 1.0) is 0.1
-    assert (mean, n) == (pytest.approx(0.9), 3) and (lo, hi) == (pytest.approx(0.9 - half), pytest.approx(0.9 + half))
-    mean, lo, hi, n = interval(pd.Series([0.7, None]))  # one value: a mean, no interval
-    assert mean == pytest.approx(0.7) and n == 1 and math.isnan(lo) and math.isnan(hi)
-    mean, lo, hi, n = interval(pd.Series([1.0, 1.0, 0.96]), proportion=True)  # a proportion stays in [0, 1]
-    assert hi == 1.0 and 0 < lo < mean < 1
-    assert interval(pd.Series([1.0, 1.0, 0.96]))[2] > 1  # what the clip prevents
+def test_the_spread_over_seeds_is_mean_min_and_max():
+    assert spread(pd.Series([0.8, 0.9, 1.0])) == (pytest.approx(0.9), 0.8, 1.0, 3)
+    assert spread(pd.Series([0.7, None]))[::3] == (pytest.approx(0.7), 1)  # what was measured
+    mean, low, high, n = spread(pd.Series([]))
+    assert n == 0 and math.isnan(mean) and math.isnan(low) and math.isnan(high)
 
 
 def frame(rows: list[tuple]) -> pd.DataFrame:
@@ -56,25 +52,25 @@ def frame(rows: list[tuple]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def test_selection_breaks_ties_by_val_loss_and_intervals_use_only_its_seeds():
+def test_selection_breaks_a_tie_by_the_search_order_and_spreads_use_only_its_seeds():
     spec = spec_of(replicas=3)
-    rows = [  # one cell: a and b tie on val_exact, b has the lower val_loss; c is worse
-        ("a", "A", "search", None, 0, 1e-3, 1.0, 0.30, 16, 2, 0.50),
-        ("b", "A", "search", None, 0, 2e-3, 1.0, 0.10, 16, 2, 0.60),
+    rows = [  # one cell: a and b tie on val_exact (b suggested first), a has the lower val_loss; c is worse
+        ("a", "A", "search", None, 0, 1e-3, 1.0, 0.10, 16, 2, 0.50),
+        ("b", "A", "search", None, 0, 2e-3, 1.0, 0.30, 16, 2, 0.60),
         ("c", "A", "search", None, 0, 3e-3, 0.9, 0.01, 16, 2, 0.99),
         ("b1", "A", "replica", "b", 1, 2e-3, 1.0, 0.20, 16, 2, 0.70),
         ("b2", "A", "replica", "b", 2, 2e-3, 0.9, 0.20, 16, 2, 0.80),
         ("a1", "A", "replica", "a", 1, 1e-3, 1.0, 0.20, 16, 2, 0.00),  # not of the selected config
     ]
     results = frame([(t, "train_length=8", *rest) for t, _, *rest in rows])
+    results["search_index"] = results.trial_id.map({"a": 1, "b": 0, "c": 2})
     selected = select(spec, results)
     row = selected.iloc[0]
-    assert (row.trial_id, row.tied, row.seeds) == ("b", 2, 3)
-    assert row.acc_beyond_mean == pytest.approx(0.7)
+    assert (row.trial_id, row.tied, row.chosen_by, row.seeds) == ("b", 2, "first suggested", 3)
+    assert (row.acc_beyond_mean, row.acc_beyond_min, row.acc_beyond_max) == (pytest.approx(0.7), 0.6, 0.8)
     summary = summarize_seeds(spec, results, selected)
     assert len(summary) == 1 and summary.seeds.iloc[0] == 3 and summary.answer_acc.iloc[0] == pytest.approx(0.7)
-    _, lo, hi, _ = interval(pd.Series([0.6, 0.7, 0.8]))
-    assert (summary.answer_acc_lo.iloc[0], summary.answer_acc_hi.iloc[0]) == (pytest.approx(lo), pytest.approx(hi))
+    assert (summary.answer_acc_min.iloc[0], summary.answer_acc_max.iloc[0]) == (0.6, 0.8)
 
 
 def test_replicas_rerun_the_selected_config_with_new_seeds_after_the_search():
@@ -129,14 +125,18 @@ def test_the_study_reports_replicas_selection_and_intervals(replicated):
     trials = results.drop_duplicates("trial_id")
     assert len(trials) == 2 * (2 + 1) and (trials.role == "replica").sum() == 2
     selected = pd.read_csv(study / "selected.csv")
-    for row in selected.itertuples():  # the best in-distribution objective, ties to val_loss
+    n = SMOKE["base"]["eval"]["val_samples"]
+    for row in selected.itertuples():  # the best in-distribution objective, ties within its error to the first
         search = trials[(trials.cell == row.cell) & (trials.role == "search")]
-        best = search.sort_values(["val_exact", "val_loss"], ascending=[False, True]).iloc[0]
-        assert row.trial_id == best.trial_id and row.seeds == 2
+        top = search.val_exact.max()
+        tied = search[[top - v <= math.hypot(standard_error(v, n), standard_error(top, n)) for v in search.val_exact]]
+        assert row.trial_id == tied.sort_values("search_index").trial_id.iloc[0] and row.seeds == 2
+        assert row.tied == len(tied) and row.chosen_by == ("objective" if len(tied) == 1 else "first suggested")
         seeds = trials[(trials.trial_id == row.trial_id) | (trials.selected_from == row.trial_id)].seed
         assert sorted(seeds) == [0, 1]
     summary = pd.read_csv(study / "summary.csv")
-    assert (summary.seeds == 2).all() and (summary.answer_acc_lo <= summary.answer_acc).all()
+    assert (summary.seeds == 2).all()
+    assert (summary.answer_acc_min <= summary.answer_acc).all() and (summary.answer_acc <= summary.answer_acc_max).all()
     assert {"accuracy_vs_length.png", "accuracy_by_task_params_train_length.png"} <= {p.name for p in study.iterdir()}
     # the terminal: progress lines, no Tune tables, the selection and where to look
     assert "finished train_length=8" in out and "trials done" in out and "== Status ==" not in out
@@ -174,6 +174,8 @@ def test_report_rebuilds_from_the_folder_and_from_mlflow(replicated):
         for name in ("selected.csv", "summary.csv"):
             pd.testing.assert_frame_equal(pd.read_csv(out_dir / name), pd.read_csv(study / name))
         assert (out_dir / "accuracy_vs_length.png").exists() and "selected per cell" in proc.stdout
+        for name in ("accuracy_vs_length.png", "accuracy_vs_length.pdf"):  # the figures too, byte for byte
+            assert (out_dir / name).read_bytes() == (study / name).read_bytes(), name
 
 
 def chromium() -> str:

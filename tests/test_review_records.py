@@ -1,4 +1,4 @@
-"""Issue 28's findings on what a study records and where (a code review): a quote in a path, a study
+"""What a study records and where: a quote in a path, a study
 without (or with a corrupt) study.json or driver.lock, secrets anywhere in a URI, same-name studies'
 artifacts, a deleted experiment, `--mlflow-uri databricks`. Real MLflow (SQLite), real Ray and
 Optuna for the end-to-end study; run.py's `main` in-process where nothing may start (a tripwire in
@@ -147,8 +147,8 @@ def test_redact_hides_secrets_in_the_query_and_fragment_and_keeps_the_rest():
     from trial import storage as store
 
     assert store.redact(f"postgresql://u:{SECRET}@db/m?sslmode=require&password={SECRET}#token={SECRET}") == \
-        "postgresql://***@db/m?sslmode=require&password=***#token=***"
-    assert store.redact("s3://bucket/p?region=us-east-1") == "s3://bucket/p?region=us-east-1"
+        "postgresql://***@db/m?sslmode=***&password=***#token=***"
+    assert store.redact("s3://bucket/p?region=us-east-1") == "s3://bucket/p?region=***"  # a host's: all masked
     assert store.redact("/a/local/path?password=x") == "/a/local/path?password=x"  # a folder's name
 
 

@@ -1,4 +1,4 @@
-"""Issue 28's storage and driver findings: what a study reads back from its storage on --resume is not
+"""Storage and the driver: what a study reads back from its storage on --resume is not
 trusted with paths, the driver lock's takeover is atomic, and a bucket study whose local disk fills
 says so. Real parts: a folder, a real S3 API (moto's server on 127.0.0.1), real processes."""
 

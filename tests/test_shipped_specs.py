@@ -1,5 +1,5 @@
-"""Every shipped study spec runs for real, shrunk to a few steps (issue 20): `--dry-run` alone let
-the paper_* specs ship with a scheduler that could not be built.
+"""Every shipped study spec runs for real, shrunk to a few steps: a spec's trials must train and its
+study must finish, which `--dry-run` alone does not show.
 
 A spec is shrunk only in size: a few steps (a searched warmup too) and evaluation samples, a tiny
 model of the same head count, one CPU worker, the first two values of a factor that is not the positional scheme (every

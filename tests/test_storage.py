@@ -133,7 +133,7 @@ def test_a_resume_starts_from_the_last_complete_snapshot(s3, tmp_path):
         experiment_driver_staging_path=str(staged), experiment_fs_path=inner, storage_filesystem=fs))
     assert snapshots.mark_complete(controller, snapshots.StorageWatch())
     assert snapshots.restore_complete_snapshot(tune_dir) == []  # storage holds that snapshot: nothing to do
-    assert snapshots.restore_complete_snapshot("s3://studies/none/tune") == []  # no record: as before
+    assert snapshots.restore_complete_snapshot("s3://studies/none/tune") == []  # no record: nothing to restore either
 
     storage.write_atomic(f"{tune_dir}/{names[2]}", b"a newer searcher")  # the next upload, cut short
     storage.write_atomic(f"{tune_dir}/experiment_state-{later}.json", b"a later driver's")

@@ -291,7 +291,7 @@ def test_addition():
     assert any(a[0] == "1" for a in batch.answers)  # carries into the top digit happen
 
 
-# --- locality of the coupled ids (PAPER.md, "When does a coupling help?") -------------------
+# --- locality of the coupled ids (Golowich et al.'s Definition 4.1) ---------------------------
 
 
 def dependency_offsets(task: Task, length: int, k: int | None, samples: int = 64) -> set[int]:
@@ -511,13 +511,13 @@ def test_tasks_without_k_reject_a_k(name):
     assert err.value.param == "train_k"
 
 
-# --- options from the reference implementation of position coupling (issue 19) -----------------
+# --- options from the reference implementation of position coupling ----------------------------
 
 
 @pytest.mark.parametrize("name,params", LOCAL)
 def test_bos_prepends_one_token_at_id_zero_and_keeps_the_coupling(name, params):
     """`bos: true`: a `<bos>` at position 0 with id 0, every other token and id as without it (ids
-    one higher), the dependencies moved with them, so the coupling is as local as before."""
+    one higher), the dependencies moved with them, so the coupling is as local as without it."""
     plain, bos = get_task(name, train_length=6, **params), get_task(name, train_length=6, bos=True, **params)
     assert bos.vocab.tokens[:-1] == plain.vocab.tokens and bos.vocab.tokens[-1] == "<bos>"
     k = 3 if plain.uses_k else None
@@ -572,5 +572,31 @@ def test_addition_with_operand_lengths_drawn_independently():
     assert (cell.seq_len == 34).all()
     with pytest.raises(TaskParamError, match="operands"):
         get_task("addition", operands="ragged")
+
+
+@pytest.mark.parametrize("order", ["msb_first", "lsb_first"])
+def test_addition_with_unpadded_operands_writes_each_number_as_long_as_it_is(order):
+    """operands: unpadded (the Abacus reference's draws): each operand as many digits as its own
+    length, every (i, j) pair of lengths; every digit keeps its place as id and digit place, and what
+    an output digit depends on is the digits of its own and the next lower place that exist."""
+    task = get_task("addition", train_length=5, operands="unpadded", operand_order=order, bos=True)
+    batch = task.sample(600, rng(4))
+    check_padding(task, batch)
+    places, pairs = task.digit_places(batch), set()
+    for b, ((tokens, _ids, _loss, _ans, _prompt), answer, meta) in enumerate(zip(rows(task, batch), batch.answers,
+                                                                                batch.meta)):
+        plus, eq = tokens.index("+"), tokens.index("=")
+        a, b_ = "".join(tokens[1:plus]), "".join(tokens[plus + 1:eq])
+        if order == "lsb_first":
+            a, b_ = a[::-1], b_[::-1]
+        assert (a, b_) == (meta["a"], meta["b"]) and int(a) + int(b_) == int(answer)
+        pairs.add((len(a), len(b_)))
+        assert len(answer) == max(len(a), len(b_)) + 1
+        digits = [i for i in range(1, eq) if i != plus]
+        assert sorted(places[b, digits[:len(a)]]) == list(range(1, len(a) + 1))
+        assert all(1 <= p < len(tokens) for dep in meta["deps"] for p in dep)
+        for j, dep in enumerate(meta["deps"][:-1]):  # the sum's j-th digit: places j+1 (and j) only
+            assert {int(places[b, p]) for p in dep if p < eq} <= {j, j + 1} - {0}
+    assert pairs == {(i, j) for i in range(1, 6) for j in range(1, 6)}
     with pytest.raises(TaskParamError, match="bos"):
         get_task("addition", bos="yes")

@@ -86,6 +86,37 @@ def test_data_workers_make_the_same_batches_as_the_training_process():
         assert strip(ahead["metrics"]) == strip(inline["metrics"]) and ahead["records"] == inline["records"]
 
 
+def test_a_fixed_training_set_gives_every_step_and_rank_the_same_samples():
+    """`task.train_set_size`: the samples of every step come from one set drawn from the data seed
+    (on every rank); the ids are still drawn per step (random shift); without it, fresh samples."""
+    from tasks import get_task
+    from trial.batches import StepBatches
+
+    task = get_task("addition", train_length=5, bos=True, operands="independent")
+    cfg = TrialConfig.model_validate(config(task={"name": "addition", "params": {"train_length": 5}},
+                                            positional={"encoding": "learned", "ids": "coupled", "max_position": 32},
+                                            eval={"lengths": [5, 8], "ks": None}))
+
+    def samples(rank, size, seed=3):
+        out, ids = set(), set()
+        steps = StepBatches(task, cfg.positional.scheme, 16, seed, rank, 1, 40, size)
+        for item in map(steps.__getitem__, range(len(steps))):
+            for row, row_ids in zip(item["tokens"].tolist(), item["ids"].tolist()):
+                out.add(tuple(t for t in row if t))
+                ids.add(tuple(row_ids))
+        return out, ids
+
+    fixed, fixed_ids = samples(0, 7)
+    assert len(fixed) == 7 and samples(1, 7)[0] == fixed  # 640 draws, 7 distinct samples, any rank
+    assert len(fixed_ids) > 7  # the coupled ids' random start is drawn per step, not with the set
+    assert samples(0, 7, seed=4)[0] != fixed
+    assert len(samples(0, None)[0]) > 600
+    out = train_loop_per_worker(config(task={"name": "addition", "params": {"train_length": 4}, "train_set_size": 50},
+                                       positional={"encoding": "learned", "ids": "coupled", "max_position": 32},
+                                       eval={"lengths": [4, 6], "ks": None}))
+    assert out["metrics"]["step"] == 8
+
+
 def test_ppc_reports_predicted_and_oracle_ids():
     cfg = config(
         task={"name": "parity_scratchpad"},

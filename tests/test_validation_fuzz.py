@@ -221,8 +221,15 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
         bad("metric-nan-for-lm", "objective.metric",
             lambda s: (s.update(objective={"metric": "exact_in_dist", "mode": "max"}),
                        set_path(s["base"], "eval.every_steps", steps)))
-    # eval.ks
+    # eval.ks and eval.lengths: each value is one evaluation cell, given once
     bad("ks-empty", "eval.ks", lambda s: set_path(s["base"], "eval.ks", []))
+    lengths = base_value(raw, "eval.lengths", None)
+    if lengths and is_free(raw, "eval.lengths"):
+        bad("lengths-duplicate", "eval.lengths", lambda s: set_path(s["base"], "eval.lengths",
+                                                                    [*lengths, rng.choice(lengths)]))
+    # a grid or search path with an empty part sets nothing a field can name
+    bad("grid-empty-path", "grid: ", lambda s: s.setdefault("grid", {}).update({rng.choice(["", "optim."]): [1, 2]}))
+    bad("search-empty-path", "search.params: ", lambda s: add_search(s, rng.choice(["", ".lr"]), {"choice": [1]}))
     if task in NO_K_TASKS:
         bad("ks-without-k-axis", "eval.ks", lambda s: set_path(s["base"], "eval.ks", [1]))
     else:
@@ -308,6 +315,7 @@ def trial_cases(path: Path, rng: random.Random) -> list[Case]:
         ("deepspeed.zero_stage", rng.choice([4, -1])),
         ("deepspeed.compile", rng.choice(["max-autotune", "sometimes", 2])),
         ("eval.ks", []),
+        ("eval.lengths", [*raw["eval"]["lengths"], raw["eval"]["lengths"][0]]),
     ]:
         bad(p, p, lambda c, p=p, value=value: set_path(c, p, value))
     bad("model-too-big", "model.n_layers", lambda c: c["model"].update(
@@ -357,6 +365,13 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("positional.init_std", put("positional.init_std", 0)),
         ("positional.frozen", put("positional.frozen", "sometimes")),
         ("positional.abacus", put("positional.abacus", "sometimes")),
+        # Abacus's options without the Abacus embedding they shape (the cross-field check)
+        ("positional.abacus_norm", put("positional.abacus_norm", True)),
+        ("positional.abacus_offset", put("positional.abacus_offset", "step")),
+        ("positional.abacus_max_offset", put("positional.abacus_max_offset", -1)),
+        ("positional.abacus_init_std", put("positional.abacus_init_std", 0)),
+        ("task.train_set_size", put("task.train_set_size", 0)),
+        ("deepspeed.data_workers", put("deepspeed.data_workers", -2)),
         ("model.n_heads", heads_that_do_not_divide),
         ("model.embed_init_std", put("model.embed_init_std", 0)),
         ("model.norm", put("model.norm", "batch")),
@@ -421,6 +436,7 @@ def _study_field_mutations() -> list[tuple[str, object]]:
         ("description", put("description", ["not", "text"])),
         ("task.name", put("task.name", "no_such_task")),
         ("task.params.no_such_param", put("task.params.no_such_param", 1)),
+        ("task.train_set_size", put("task.train_set_size", -5)),
         ("base", put("base", "not a mapping")),
         ("grid.optim.lr", lambda s: s.setdefault("grid", {}).update({"optim.lr": 0.001})),  # not a list
         ("search.trials_per_cell", in_search("trials_per_cell", 0)),

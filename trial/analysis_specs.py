@@ -11,19 +11,20 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from trial.limits import MAX_BATCH, MAX_SAMPLES, Strict
+from tasks import TaskParamError
+from trial.limits import MAX_BATCH, MAX_POSITION, MAX_SAMPLES, Strict
 
 
 class LossGapSpec(Strict):
     """After training a language model: how much of the short-to-long loss gap k tokens recover
     (analysis/loss_gap.py). long_context is L_bar, short_context is L."""
 
-    long_context: int = Field(256, ge=2)
+    long_context: int = Field(256, ge=2, le=MAX_POSITION)
     short_context: int = Field(32, ge=1)
     ks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
     method: Literal["greedy", "gain", "occlusion", "attention"] = "gain"
-    targets: int = Field(64, ge=1)
-    rows_per_batch: int = Field(64, ge=1, description="visibility patterns per forward pass")
+    targets: int = Field(64, ge=1, le=MAX_SAMPLES)
+    rows_per_batch: int = Field(64, ge=1, le=MAX_BATCH, description="visibility patterns per forward pass")
     min_gap: float = Field(0.05, ge=0, description="tokens whose L_short - L_long is below this are too flat to count")
     sparse_k: int = Field(4, ge=1, description="a token is 'sparse' when k tokens recover half its gap")
 
@@ -56,7 +57,7 @@ class SparsitySpec(Strict):
     draws: int = Field(16, ge=1, le=4096, description="resample: redraws per visibility pattern")
     short_context: int | None = Field(
         None, ge=0, description="tokens before the target always kept (default: 0 resample, 1 hide, 32 text)")
-    long_context: int = Field(256, ge=2, description="text: tokens of context before each target")
+    long_context: int = Field(256, ge=2, le=MAX_POSITION, description="text: context before each target")
     length: int | None = Field(None, ge=1, description="synthetic: measure at this length (default: training mix)")
     k: int | None = Field(None, ge=1, description="synthetic k-tasks: measure at this k")
     rows_per_batch: int = Field(256, ge=1, le=MAX_BATCH)
@@ -75,3 +76,38 @@ class SparsitySpec(Strict):
         if ablation == "hide" and short < 1:
             raise ValueError("sparsity.short_context: hide needs >= 1 (the predicting token sees itself)")
         return ablation, short
+
+    def check(self, task, max_pos: int, ids_needed) -> None:
+        """That this section can measure `task` with ids below `max_pos` (`ids_needed(length, k)`: the
+        largest id a cell needs), or a ValueError naming the field."""
+        s = self
+        _, short = s.resolve(task)  # raises naming sparsity.ablation / sparsity.short_context
+        if task.evaluation == "loss":
+            for name in ("length", "k"):
+                if getattr(s, name) is not None:
+                    raise ValueError(f"sparsity.{name}: for synthetic tasks only; text uses sparsity.long_context")
+            if s.long_context >= max_pos:
+                raise ValueError(f"sparsity.long_context: {s.long_context} needs ids beyond "
+                                 f"positional.max_position {max_pos}")
+            if short >= s.long_context:
+                raise ValueError(f"sparsity.short_context: {short} must be below long_context {s.long_context}")
+            if s.k_max > s.long_context - short:
+                raise ValueError(f"sparsity.k_max: {s.k_max} is more than the {s.long_context - short} "
+                                 "tokens before the short window")
+            return
+        if s.k is not None and not task.uses_k:
+            raise ValueError(f"sparsity.k: task {task.name!r} has no k axis")
+        if s.length is not None:
+            try:
+                task.check(s.length, s.k)
+            except TaskParamError as e:
+                raise ValueError(f"sparsity.{'length' if e.param == 'length' else 'k'}: {e.detail}") from None
+            need = ids_needed(s.length, s.k)
+            if need >= max_pos:
+                raise ValueError(f"sparsity.length: {s.length} needs position id {need}, beyond "
+                                 f"positional.max_position {max_pos}")
+        elif s.k is not None:
+            try:
+                task.check(task.train_length, s.k)
+            except TaskParamError as e:
+                raise ValueError(f"sparsity.k: {e.detail}") from None

@@ -30,6 +30,7 @@ from trial.limits import (
     MAX_SAMPLES,
     MAX_SEED,
     MAX_STEPS,
+    Distinct,
     Strict,
     refuse_non_finite,
 )
@@ -55,6 +56,8 @@ def _parameters_of_layers(one_layer: ModelConfig) -> tuple[int, int]:
 class TaskSpec(Strict):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
+    train_set_size: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="train on a fixed set of this many "
+                                       "samples (docs/trial.md); default: fresh samples every step")
 
 
 class PositionalSpec(Strict):
@@ -78,6 +81,19 @@ class PositionalSpec(Strict):
     frozen: bool = Field(ModelConfig.pos_frozen, description="learned encoding: keep the table at its random init")
     # a flag, not an encoding: Abacus adds digit places on top of an encoding (NoPE or FIRE in the paper)
     abacus: bool = Field(ModelConfig.abacus, description="add the Abacus embedding of digit places (McLeish 2024)")
+    abacus_max_offset: int = Field(ModelConfig.abacus_max_offset, ge=0, le=MAX_POSITION,
+                                   description="Abacus: training adds a random offset in [0, this] to every place")
+    abacus_offset: Literal["batch", "sample"] = Field(ModelConfig.abacus_offset, description="one offset per batch or "
+                                                      "per sample (models/encodings/abacus.py)")
+    abacus_norm: bool = Field(ModelConfig.abacus_norm, description="Abacus: LayerNorm on the token + place sum")
+    abacus_init_std: float | None = Field(ModelConfig.abacus_init_std, gt=0, le=100, description="Abacus table's std")
+
+    @model_validator(mode="after")
+    def _abacus_options_need_abacus(self) -> PositionalSpec:
+        for name in ("abacus_max_offset", "abacus_offset", "abacus_norm", "abacus_init_std"):
+            if not self.abacus and getattr(self, name) != getattr(ModelConfig, name):
+                raise ValueError(f"{name}: shapes the Abacus embedding, which only abacus: true adds")
+        return self
 
     @model_validator(mode="after")
     def _head_options_need_a_head(self) -> PositionalSpec:
@@ -172,8 +188,8 @@ class SelectSpec(Strict):
 
 
 class EvalSpec(Strict):
-    lengths: list[int] = Field(min_length=1, description="test lengths (the task's length axis)")
-    ks: list[int] | None = Field(None, min_length=1, description="k_test values; default: the task's train_k")
+    lengths: Distinct = Field(min_length=1, description="test lengths (the task's length axis)")
+    ks: Distinct | None = Field(None, min_length=1, description="k_test values; default: the task's train_k")
     samples_per_cell: int = Field(128, ge=1, le=MAX_SAMPLES)
     batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     val_samples: int = Field(256, ge=1, le=MAX_SAMPLES, description="held-out in-distribution validation set")
@@ -314,7 +330,7 @@ class TrialConfig(Strict):
                 raise ValueError(f"loss_gap.long_context: {self.loss_gap.long_context} needs ids beyond "
                                  f"positional.max_position {max_pos}")
         if self.sparsity is not None:
-            self._check_sparsity(task, max_pos)
+            self.sparsity.check(task, max_pos, self.ids_needed)
         return self
 
     def _check_tracked_lengths(self, task: tasks.Task, max_pos: int) -> None:
@@ -336,39 +352,6 @@ class TrialConfig(Strict):
                 raise ValueError("eval.select: for tasks scored by generation; language modeling has no best step yet")
             if self.deepspeed.zero_stage == 3:  # the best weights are kept whole on every rank
                 raise ValueError("eval.select: keeps a whole copy of the weights per rank; use deepspeed.zero_stage <= 2")
-
-    def _check_sparsity(self, task: tasks.Task, max_pos: int) -> None:
-        s = self.sparsity
-        _, short = s.resolve(task)  # raises naming sparsity.ablation / sparsity.short_context
-        if task.evaluation == "loss":
-            for name in ("length", "k"):
-                if getattr(s, name) is not None:
-                    raise ValueError(f"sparsity.{name}: for synthetic tasks only; text uses sparsity.long_context")
-            if s.long_context >= max_pos:
-                raise ValueError(f"sparsity.long_context: {s.long_context} needs ids beyond "
-                                 f"positional.max_position {max_pos}")
-            if short >= s.long_context:
-                raise ValueError(f"sparsity.short_context: {short} must be below long_context {s.long_context}")
-            if s.k_max > s.long_context - short:
-                raise ValueError(f"sparsity.k_max: {s.k_max} is more than the {s.long_context - short} "
-                                 "tokens before the short window")
-            return
-        if s.k is not None and not task.uses_k:
-            raise ValueError(f"sparsity.k: task {task.name!r} has no k axis")
-        if s.length is not None:
-            try:
-                task.check(s.length, s.k)
-            except tasks.TaskParamError as e:
-                raise ValueError(f"sparsity.{'length' if e.param == 'length' else 'k'}: {e.detail}") from None
-            need = self.ids_needed(s.length, s.k)
-            if need >= max_pos:
-                raise ValueError(f"sparsity.length: {s.length} needs position id {need}, beyond "
-                                 f"positional.max_position {max_pos}")
-        elif s.k is not None:
-            try:
-                task.check(task.train_length, s.k)
-            except tasks.TaskParamError as e:
-                raise ValueError(f"sparsity.k: {e.detail}") from None
 
 
 def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:

@@ -66,13 +66,14 @@ def next_token_loss(
     logits, pos_logits, _ = model(**x.inputs())
     mask = x.loss_mask[:, 1:]
     lm_loss = F.cross_entropy(logits[mask].float(), x.tokens[:, 1:][mask])
-    parts = {"lm_loss": lm_loss.item()}
+    named = {"lm_loss": lm_loss}
     loss = lm_loss
     if pos_logits is not None:
-        pos_loss = module.position_loss(pos_logits, x.ids[:, :-1], x.ids[:, 1:], mask)
-        loss = loss + position_loss_weight * pos_loss
-        parts["pos_loss"] = pos_loss.item()
-    parts["loss"] = loss.item()
+        named["pos_loss"] = module.position_loss(pos_logits, x.ids[:, :-1], x.ids[:, 1:], mask)
+        loss = loss + position_loss_weight * named["pos_loss"]
+    named["loss"] = loss
+    # one read back from the device a step, not one per part (each waits for the device to finish)
+    parts = dict(zip(named, torch.stack([v.detach().float() for v in named.values()]).tolist()))
     return loss, parts, (logits, pos_logits)
 
 

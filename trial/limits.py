@@ -2,14 +2,18 @@
 
 Sizes beyond these bounds cannot be allocated on any one machine this platform targets; refusing
 them at load time beats an out-of-memory kill (or a 2.5 TB allocation) after a cluster has started.
+The bounds are per field; what they add up to, the memory one trial holds, is estimated and checked
+against the memory the trial is given (`estimate`, `fits`: below).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+import os
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's seeds are 32-bit
 # Sizes beyond these cannot be allocated on any one machine this platform targets; refusing them
@@ -65,3 +69,167 @@ def refuse_non_finite(data: Any, path: str = "") -> Any:
     for key, value in items:
         refuse_non_finite(value, f"{path}.{key}" if path else str(key))
     return data
+
+
+def _distinct(values: list[int]) -> list[int]:
+    seen: set[int] = set()
+    repeated = sorted({v for v in values if v in seen or seen.add(v)})
+    if repeated:  # two equal lengths would be one evaluation cell run and reported twice
+        shown = ", ".join(map(str, repeated[:5])) + (", ..." if len(repeated) > 5 else "")
+        raise ValueError(f"{shown} given more than once: each value is one evaluation cell")
+    return values
+
+
+Distinct = Annotated[list[int], AfterValidator(_distinct)]  # a list of values each given once
+
+
+# --- what a trial holds in memory -------------------------------------------------------------------
+# The estimate counts the large pieces of one worker's memory, in fp32, from above (bf16 halves the
+# activations; not counted): the process itself (PROCESS_BYTES) and
+# - the model's state: weights, gradients and AdamW's two moments (16 bytes a parameter; ZeRO stage 1
+#   splits the moments over the workers, stage 2 the gradients too, stage 3 the weights too), and the
+#   best weights `eval.select` keeps;
+# - the training step: a micro batch (optim.batch_size / workers) at the longest training sequence,
+#   every layer's activations kept for the backward pass (the attention scores of each head, T x T, and
+#   the projections' and feed-forward's outputs), the logits and their gradient;
+# - an evaluation batch (eval.batch_size) at the longest sequence it is used at (validation, eval.lengths,
+#   eval.track, eval.select.lengths): one layer's activations at a time, the logits, and generation's
+#   KV cache of every layer;
+# - what is held for the whole run: the validation set, the tracked lengths' and the selection's samples;
+# - the analyses: loss_gap's windows (targets x long_context) and one forward batch of rows_per_batch
+#   windows, sparsity's forward batch (rows_per_batch sequences).
+# The model's state and the held samples live for the whole run; of the others (a training step, an
+# evaluation batch, an analysis) one lives at a time: the estimate is the first two and the largest of the
+# others, and the largest piece counted names the field to lower.
+FLOAT = 4  # bytes of an fp32 value
+HELD_TOKEN = 24  # bytes a held sample keeps per token: ids and position ids (int64), masks, their tensors
+GiB = 2**30
+PROCESS_BYTES = GiB  # a trial process before its model: Python, torch, DeepSpeed, Ray's worker
+# Where a trial's memory cannot be read from this machine (it runs on a cluster's node or GPU): the
+# largest this platform targets, so a spec no machine could run is refused anywhere
+MAX_NODE_BYTES = 2 * 2**40  # a CPU node's memory (2 TiB)
+MAX_GPU_BYTES = 141 * 10**9  # one GPU's memory (an H200)
+
+
+@dataclass(frozen=True)
+class Piece:
+    field: str  # the field to lower ("": none, the process itself)
+    what: str  # what the bytes are, in words
+    bytes: int
+    whole_run: bool = False  # lives for the whole run (else one such piece lives at a time)
+
+
+def _activations(arch, batch: int, seq: int, layers: int, backward: bool) -> int:
+    """Bytes of `layers` layers' activations for `batch` sequences of `seq` tokens (attention by
+    scores: scores, probabilities and a bias per head)."""
+    inner = arch.n_heads * arch.d_head
+    ff = arch.d_ff or 4 * arch.d_model
+    per_token = 5 * arch.d_model + 4 * inner + (4 if arch.ffn == "gated_gelu" else 3) * ff
+    per_layer = batch * (seq * per_token + 3 * arch.n_heads * seq * seq) * FLOAT
+    return per_layer * (layers if backward else 1)
+
+
+def _logits(arch, batch: int, seq: int, copies: int) -> int:
+    width = arch.vocab_size + (arch.n_position_classes if arch.position_head else 0)
+    return copies * batch * seq * width * FLOAT
+
+
+def pieces(cfg, workers: int = 1) -> list[Piece]:
+    """The pieces of one worker's memory for trial config `cfg` (trial/config.py's TrialConfig) run
+    over `workers` workers."""
+    task = cfg.task_instance
+    arch = cfg.architecture(len(task.vocab))
+    params, zero, e = cfg.n_parameters(), cfg.deepspeed.zero_stage, cfg.eval
+    split = {0: (16, 0), 1: (8, 8), 2: (4, 12), 3: (0, 16)}[zero]  # (bytes a parameter whole, split)
+    state = params * (split[0] + split[1] / workers) + (params * FLOAT if e.select else 0)
+    train_k = task.train_k if task.uses_k else None
+    train_seq = task.max_seq_len(task.train_length, train_k)
+    micro = max(1, cfg.optim.batch_size // workers)
+    parts = [
+        Piece("model", f"{params:,} parameters' weights, gradients and AdamW state (ZeRO-{zero})", int(state),
+              True),
+        Piece("optim.batch_size", f"a training step: {micro} sequences of {train_seq} tokens, every layer's "
+              "activations kept for the backward pass",
+              _activations(arch, micro, train_seq, arch.n_layers, True) + _logits(arch, micro, train_seq, 3)),
+    ]
+    longest = [(train_seq, "validation at the train length")]
+    longest += [(task.max_seq_len(n, k), f"eval.lengths {n}") for n, k in cfg.grid()]
+    longest += [(task.max_seq_len(n, train_k), f"eval.track {n}") for n in e.track or []]
+    longest += [(task.max_seq_len(n, train_k), f"eval.select.lengths {n}")
+                for n in (e.select.lengths if e.select else [])]
+    seq, where = max(longest)
+    kv = 2 * arch.n_layers * e.batch_size * seq * arch.n_heads * arch.d_head * FLOAT
+    batch = kv + _activations(arch, e.batch_size, seq, 1, False) + _logits(arch, e.batch_size, seq, 2)
+    parts.append(Piece("eval.batch_size", f"an evaluation batch: {e.batch_size} sequences of {seq} tokens "
+                       f"({where}) with generation's KV cache", batch))
+    held = -(-e.val_samples // workers) * train_seq
+    held += sum(-(-e.track_samples // workers) * task.max_seq_len(n, train_k) for n in e.track or [])
+    if e.select:
+        held += -(-e.select.samples // workers) * max(task.max_seq_len(n, train_k) for n in e.select.lengths)
+    parts.append(Piece("eval.val_samples", "the held-out samples kept for the whole run (validation, "
+                       "eval.track, eval.select)", held * HELD_TOKEN, True))
+    if cfg.loss_gap is not None:
+        g = cfg.loss_gap
+        windows = g.targets * (g.long_context + 1) * HELD_TOKEN
+        batch = _activations(arch, g.rows_per_batch, g.long_context + 1, 1, False) + _logits(
+            arch, g.rows_per_batch, g.long_context + 1, 2)
+        parts.append(Piece("loss_gap.targets" if windows > batch else "loss_gap.rows_per_batch",
+                           f"loss_gap: {g.targets} windows of {g.long_context + 1} tokens "
+                           f"(loss_gap.long_context) and a forward batch of {g.rows_per_batch} of them",
+                           windows + batch))
+    if cfg.sparsity is not None:
+        s = cfg.sparsity
+        seq = s.long_context + 1 if task.evaluation == "loss" else task.max_seq_len(
+            s.length or task.train_length, s.k or train_k)
+        parts.append(Piece("sparsity.rows_per_batch", f"sparsity: a forward batch of {s.rows_per_batch} "
+                           f"sequences of {seq} tokens", _activations(arch, s.rows_per_batch, seq, 1, False)
+                           + _logits(arch, s.rows_per_batch, seq, 2)))
+    return parts
+
+
+def estimate(cfg, workers: int = 1) -> tuple[int, list[Piece]]:
+    """(peak bytes of one worker, the pieces counted in it, largest first): the whole run's pieces
+    and the largest of the others."""
+    parts = [Piece("", "the process itself (Python, torch, DeepSpeed)", PROCESS_BYTES, True),
+             *pieces(cfg, workers)]
+    one_at_a_time = [p for p in parts if not p.whole_run]
+    counted = [p for p in parts if p.whole_run] + [max(one_at_a_time, key=lambda p: p.bytes)]
+    counted.sort(key=lambda p: -p.bytes)
+    return sum(p.bytes for p in counted), counted
+
+
+def memory_given(gpus_per_worker: float = 0, workers: int = 1, on_this_machine: bool = True
+                 ) -> tuple[int, str]:
+    """(bytes one worker may use, whose memory that is): one GPU's (a share of it for a fraction of a
+    GPU) for a GPU worker, else the machine's shared by the trial's workers; on a cluster, or for a GPU
+    this machine does not have, the largest this platform targets."""
+    if gpus_per_worker:
+        import torch
+
+        share = min(1.0, gpus_per_worker)
+        of = "" if share == 1 else f"{share:g} of "
+        if on_this_machine and torch.cuda.is_available():
+            total = min(torch.cuda.get_device_properties(i).total_memory
+                        for i in range(torch.cuda.device_count()))
+            return int(total * share), f"{of}this machine's GPU"
+        return int(MAX_GPU_BYTES * share), f"{of}the largest GPU targeted, MAX_GPU_BYTES"
+    if on_this_machine:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total // workers, f"this machine's memory over {workers} worker(s)"
+    return MAX_NODE_BYTES, "the largest node targeted, MAX_NODE_BYTES"
+
+
+def fits(cfg, workers: int = 1, gpus_per_worker: float = 0, on_this_machine: bool = True) -> str | None:
+    """Why trial config `cfg` cannot run over `workers` workers (its batch does not split over them, or
+    its estimate is beyond memory_given's), naming the field to change; None if it can."""
+    if cfg.optim.batch_size % workers:
+        return (f"optim.batch_size: {cfg.optim.batch_size} is not divisible by resources.workers_per_trial "
+                f"{workers}")
+    total, counted = estimate(cfg, workers)
+    limit, source = memory_given(gpus_per_worker, workers, on_this_machine)
+    if total <= limit:
+        return None
+    top = next(p for p in counted if p.field)
+    return (f"{top.field}: a trial would hold about {total / GiB:,.1f} GiB per worker, beyond the "
+            f"{limit / GiB:,.1f} GiB it is given ({source}); the largest part is {top.what} "
+            f"({top.bytes / GiB:,.1f} GiB) (the estimate: trial/limits.py)")

@@ -224,7 +224,8 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         eval_s += time.time() - t
         return {**out, **clock.metrics(), "time/train_s": train_s, "time/eval_s": eval_s}
 
-    steps = StepBatches(task, pos.scheme, micro, cfg.data_seed_or_seed, rank, start + 1, cfg.optim.steps)
+    steps = StepBatches(task, pos.scheme, micro, cfg.data_seed_or_seed, rank, start + 1, cfg.optim.steps,
+                        cfg.task.train_set_size)
     t = time.time()
     for step, x, tokens in training_batches(steps, cfg.deepspeed.data_workers, device):
         loss, parts, _ = next_token_loss(engine, model, x, w)

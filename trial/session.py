@@ -102,7 +102,18 @@ def pin_extension_builds() -> None:
     if os.path.exists(os.path.join(bin_dir, "ninja")) and \
             os.environ.get("PATH", "").split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = os.pathsep.join(filter(None, [bin_dir, os.environ.get("PATH")]))
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", extension_folder())
+
+
+def extension_folder() -> str:
+    """The default build folder of DeepSpeed's ops: this user's and this environment's own, in the
+    user's cache as torch's default is (`~/.cache/torch_extensions/<environment>-<hash of its path>`).
+    Not in the environment: users sharing one would share its builds and their locks."""
+    import hashlib
+
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    tag = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
+    return os.path.join(cache, "torch_extensions", f"{os.path.basename(sys.prefix)}-{tag}")
 
 
 def setup_distributed() -> tuple[int, int, torch.device]:
@@ -156,41 +167,58 @@ def load_comm_op(recheck_s: float = 1.0) -> None:
         if remove_stale_lock(lock, recheck_s):
             print(f"warning: removed {lock}, a torch extension lock that a process killed while it loaded "
                   "DeepSpeed's op left behind (every later load would have waited on it forever)", file=sys.stderr)
+        elif os.path.exists(lock):  # held, or not ours to judge: torch waits for it
+            print(f"note: waiting for {lock} (a build or load of DeepSpeed's op holds it, or it is not this "
+                  "user's to remove; if no such process runs anywhere, remove the file)", file=sys.stderr,
+                  flush=True)
         builder.load()  # what deepspeed.comm.torch.build_shm_op loads, kept by DeepSpeed for it
 
 
-def _held_open(path: str) -> bool:
-    """Whether a process on this machine that we may inspect has `path` open (torch's FileBaton
-    keeps the lock file open from creating it until it deletes it)."""
+def _maybe_held(path: str, owner: int) -> bool:
+    """Whether a process may hold `path` open (torch's FileBaton keeps the lock open from creating it
+    until it deletes it, and a build does not touch its mtime): one that has it open, or a Python
+    process (the baton's holder is the one that builds) of the lock's owner whose open files cannot be
+    read (only the owner's processes made it)."""
     import psutil
 
     real = os.path.realpath(path)
-    for proc in psutil.process_iter():
+    for proc in psutil.process_iter(["uids", "name"]):
         try:
             if any(f.path == real for f in proc.open_files()):
                 return True
-        except psutil.Error:  # gone, or another user's process
+        except psutil.NoSuchProcess:  # gone
             continue
+        except psutil.Error:  # not ours to inspect: a holder only if it runs Python as the lock's owner
+            uids, name = proc.info.get("uids"), proc.info.get("name") or "python"
+            if (uids is None or owner in (uids.real, uids.effective)) and "python" in name.lower():
+                return True
     return False
 
 
 def remove_stale_lock(path: str, recheck_s: float = 1.0) -> bool:
-    """Remove a torch extension lock file that nothing on this machine holds open and that is still
-    the same file `recheck_s` later (a holder closes it an instant before deleting it); a lock a
-    running load or build holds is left alone. Returns whether it removed one."""
-    if not os.path.exists(path) or _held_open(path):
-        return False
+    """Remove a torch extension lock file of this user that no process of this machine may hold open
+    and that is still the same file `recheck_s` later (a holder closes it an instant before deleting
+    it). Left alone: a lock a running load or build holds, another user's (their processes cannot be
+    inspected), and one a process of this user might hold but cannot be inspected. Processes in
+    another pid namespace (a container sharing the folder) are not seen: the default folder is per
+    user (extension_folder). Returns whether it removed one."""
     try:
         before = os.stat(path)
-        time.sleep(recheck_s)
+    except OSError:  # none, or one this user cannot even look at
+        return False
+    if before.st_uid != os.geteuid() or _maybe_held(path, before.st_uid):
+        return False
+    time.sleep(recheck_s)
+    try:
         after = os.stat(path)
     except FileNotFoundError:  # released meanwhile
         return False
-    if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns) or _held_open(path):
+    if (before.st_ino, before.st_mtime_ns) != (after.st_ino, after.st_mtime_ns) or \
+            _maybe_held(path, after.st_uid):
         return False
     try:
         os.remove(path)
-    except FileNotFoundError:
+    except OSError:  # gone meanwhile, or a folder this user may not change (PermissionError): left as it is
         return False
     return True
 

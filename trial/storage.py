@@ -44,6 +44,11 @@ class StorageUnreachable(StorageError):
     """The study's storage did not answer for longer than STUDY_STORAGE_WAIT_S; the study stopped."""
 
 
+class StorageFull(StorageError):
+    """The study's storage (or the driver's staging disk) is full, or refused a write; the study stopped
+    at once."""
+
+
 def first_line(error: BaseException) -> str:
     lines = str(error).strip().splitlines()
     return lines[0][:300] if lines else type(error).__name__
@@ -113,8 +118,10 @@ def join(base: str, *parts: str) -> str:
 
 
 def redact(uri: str) -> str:
-    """The URI fit to be printed or stored: any user:password@ part replaced by ***@, and the value
-    of every query or fragment parameter that holds a secret (`secret_keys`) by ***."""
+    """The URI fit to be printed or stored: any user:password@ part replaced by ***@, and what follows
+    the host and path masked: every query and fragment value of a URI with a host (`?sslmode=***`:
+    one holding a secret under a name no rule knows is never shown), and of a local one (`file:`,
+    `sqlite:`) the values `secret_keys` names. The path stays: a bucket's is where the study lives."""
     if not is_uri(uri):
         return uri
     scheme, _, rest = uri.partition("://")
@@ -122,12 +129,17 @@ def redact(uri: str) -> str:
     user, at, host = authority.rpartition("@")  # the last @ before the path: a password may hold @
     tail, hash_, fragment = (host + slash + path).partition("#")
     tail, ask, query = tail.partition("?")
-    return f"{scheme}://{'***' if at else ''}{at}{tail}{ask}{_hide(query)}{hash_}{_hide(fragment)}"
+    every = bool(host.partition("?")[0].partition("#")[0]) and scheme.lower() not in LOCAL_SCHEMES
+    query, fragment = _hide(query, every), _hide(fragment, every)
+    return f"{scheme}://{'***' if at else ''}{at}{tail}{ask}{query}{hash_}{fragment}"
 
 
+LOCAL_SCHEMES = ("file", "sqlite")  # URIs of this machine's files: no host to hold a secret for
 # query or fragment parameters that carry a credential: a database's password (password, passwd,
-# pwd, sslpassword), a token, a key or secret, a presigned URL's signature and credential
-SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential|signature|^sig$|^auth$|authori[sz]ation|"
+# pwd, sslpassword), a token (jwt, bearer, a session's or cookie's id), a key or secret, a presigned
+# URL's signature and credential
+SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential|signature|^sig$|^auth$|authori[sz]ation|jwt|"
+                        r"bearer|cookie|^sid$|session_?id|"
                         r"(^|[_.-])(api|access|account|private|session|sas)?[_.-]?key$", re.IGNORECASE)
 
 
@@ -136,19 +148,32 @@ def _pairs(text: str) -> list[tuple[str, str, str]]:
     return [part.partition("=") for part in re.split(r"[&;]", text)] if text else []
 
 
-def _hide(text: str) -> str:
-    return re.sub(r"([^&;=]*)=([^&;]*)", lambda m: f"{m[1]}=***" if SECRET_KEY.search(unquote(m[1])) else m[0], text)
+def _secret(key: str, value: str) -> str | None:
+    """The name of the secret a `key=value` pair carries, or None: the key's own, or one inside the
+    value (`odbc_connect=DRIVER%3D...%3BPWD%3Dsecret`: a connection string of its own pairs)."""
+    key = unquote(key)
+    if value and SECRET_KEY.search(key):
+        return key
+    inner = next((k.strip() for k, eq, v in _pairs(unquote(value))
+                  if eq and v and SECRET_KEY.search(k.strip())), None)
+    return f"{key} ({inner})" if inner else None
+
+
+def _hide(text: str, every: bool = False) -> str:
+    return re.sub(r"([^&;=]*)=([^&;]*)", lambda m: f"{m[1]}=***" if every or _secret(m[1], m[2]) else m[0],
+                  text)
 
 
 def secret_keys(uri: str) -> list[str]:
-    """The query and fragment parameters of a URI whose value is a secret (`?password=...`)."""
+    """The query and fragment parameters of a URI whose value is a secret (`?password=...`), or holds
+    one (`?odbc_connect=...PWD%3D...`)."""
     if not is_uri(uri):
         return []
     rest = uri.partition("://")[2]
     host = rest.partition("/")[0].rpartition("@")[2] + "/" + rest.partition("/")[2]
     tail, _, fragment = host.partition("#")
     query = tail.partition("?")[2]
-    return [unquote(k) for k, eq, v in _pairs(query) + _pairs(fragment) if eq and v and SECRET_KEY.search(unquote(k))]
+    return [found for k, eq, v in _pairs(query) + _pairs(fragment) if eq and (found := _secret(k, v))]
 
 
 def userinfo(uri: str) -> str | None:
@@ -157,6 +182,24 @@ def userinfo(uri: str) -> str | None:
         return None
     authority = uri.partition("://")[2].partition("/")[0].partition("?")[0]
     return authority.rpartition("@")[0] if "@" in authority else None
+
+
+def unlockable(uri: str) -> str | None:
+    """Why a study in this bucket cannot hold a driver lock (study/record/lock.py), or None: the lock needs
+    a write the store refuses when the object is there (S3's If-None-Match, GCS's generation match
+    through google-cloud-storage); no other store offers one here."""
+    scheme = uri.partition("://")[0].lower()
+    if scheme == "s3":
+        return None
+    if scheme in ("gs", "gcs"):
+        try:
+            import google.cloud.storage  # noqa: F401
+        except ImportError:
+            return ("the driver lock of a gs:// study needs google-cloud-storage (pip install -e '.[gcp]'), "
+                    "whose generation preconditions take it atomically; it is not installed")
+        return None
+    return (f"{scheme}:// storage offers no conditional write here, so no driver lock can be taken "
+            "atomically (two drivers could run one study); use a folder, s3:// or gs://")
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -180,7 +223,7 @@ def exists(path: str) -> bool:
 def _scrub(message: str, uri: str) -> str:
     """A store's error message without the credentials of `uri`, should it quote them."""
     info = userinfo(uri)
-    hidden = [v for k, eq, v in _pairs(uri.partition("?")[2].replace("#", "&")) if eq and SECRET_KEY.search(k)]
+    hidden = [v for k, eq, v in _pairs(uri.partition("?")[2].replace("#", "&")) if eq and _secret(k, v)]
     for secret in sorted(filter(None, (info, *(info or "").split(":"), *hidden)), key=len, reverse=True):
         message = message.replace(secret, "***")
     return message

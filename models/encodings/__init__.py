@@ -1,7 +1,6 @@
 """Positional encodings, one module each, registered by name (ENCODINGS); see base.py for the seam.
 
-Importing the package registers the built-in ones, in the order the schema lists them (the first
-four as before the seam)."""
+Importing the package registers the built-in ones, in the order the schema lists them."""
 
 from models.encodings import nope  # noqa: F401, I001  (each registers itself; the order is the registry's)
 from models.encodings import learned  # noqa: F401

@@ -15,8 +15,8 @@ class Learned(PositionalEncoding):
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
-        # the table is this module's own `weight` (`pos_emb.weight` in a state dict, as before the
-        # seam), drawn N(0, 1) here as nn.Embedding's constructor does: the same random stream
+        # the table is this module's own `weight` (`pos_emb.weight` in a state dict, the name
+        # checkpoints hold), drawn N(0, 1) here as nn.Embedding's constructor does: the same random stream
         self.weight = nn.Parameter(torch.empty(cfg.max_position, cfg.d_model))
         nn.init.normal_(self.weight)
 

@@ -96,8 +96,8 @@ def run_trial(config: dict) -> None:
         diverged = _diverged(e)
         if diverged is None:
             raise
-        # a study started before `objective` was passed: its objective is unknown here; Tune's metric
-        # check needs it in every report, so that trial is retried as before
+        # a study whose resources lack `objective` (recorded by an older version): its objective is
+        # unknown here, and Tune's metric check needs it in every report, so that trial is retried
         if res.get("objective"):
             ray.tune.report({res["objective"]: math.nan, "diverged": str(diverged)})
         raise diverged from None
@@ -121,9 +121,7 @@ def _run(trial: dict, res: dict) -> None:
             use_gpu=res["gpus_per_worker"] > 0,
             resources_per_worker={"CPU": res["cpus_per_worker"], "GPU": res["gpus_per_worker"]},
         ),
-        # rank 0's TCPStore listens on every interface, even on the embedded Ray (LOCAL_ONLY_ENV,
-        # study/run.py)
-        torch_config=TorchConfig(backend="nccl" if res["gpus_per_worker"] > 0 else "gloo"),
+        torch_config=_torch_config("nccl" if res["gpus_per_worker"] > 0 else "gloo"),
         run_config=RunConfig(
             name=f"train-{context.get_trial_id()}",
             storage_path=join(res["storage"], "train"),  # a folder or a bucket URI
@@ -133,6 +131,14 @@ def _run(trial: dict, res: dict) -> None:
         ),
     )
     trainer.fit()
+
+
+def _torch_config(backend: str) -> TorchConfig:
+    """On the embedded Ray (its node is 127.0.0.1, LOCAL_ONLY_ENV in study/run.py: every worker on this
+    machine) the process group meets on 127.0.0.1 too; on a cluster, at rank 0's node address."""
+    if ray.util.get_node_ip_address() == "127.0.0.1":
+        return ray_compat.loopback_torch_config(backend)
+    return TorchConfig(backend=backend)
 
 
 def _diverged(error: BaseException) -> Diverged | None:

@@ -3,8 +3,9 @@
 - `CellSearcher` (a Tune `Searcher`): one `OptunaSearch` per cell; cells take turns, so every cell
   gets its full budget of trials and no cell is starved by another's results. Once a cell's search
   trials have all ended, it hands out `replicas - 1` reruns of the selected config (in-distribution
-  objective, ties to the lower val_loss: `ObjectiveSpec.rank`) with seeds seed+1, seed+2, ...; the
-  study's figures and intervals come from those seeds. Without a search it hands out each cell's
+  objective; trials within its sampling error are tied and the first suggested is chosen:
+  study/record/selection.py) with seeds seed+1, seed+2, ...; the study's figures and spreads over
+  seeds come from those seeds. Without a search it hands out each cell's
   fixed config `replicas` times, with seeds seed, seed+1, ...
 - `CellASHA` (a Tune scheduler): one ASHA per cell, so trials compete only with trials of their own
   cell (an easy cell's good scores must not stop a hard cell's trials).
@@ -20,6 +21,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from study.record.selection import choose, validation_samples
 from study.spec.schema import StudySpec
 
 
@@ -38,6 +40,7 @@ class CellSearcher(Searcher):
         self.search_index: dict[str, int] = {}
         self.replicas_issued = {c.index: 0 for c in self.cells}
         self.optuna: dict[int, OptunaSearch] = {}
+        self.samples: dict[int, int | None] = {}
         if spec.search is not None:
             import optuna
 
@@ -95,7 +98,7 @@ class CellSearcher(Searcher):
             "resources": self.resources,
             "role": role,  # search | replica (of the selected config; without a search, every trial)
             "selected_from": selected_from,
-            "search_index": search_index,  # breaks a tie in objective and val_loss (ObjectiveSpec.rank)
+            "search_index": search_index,  # breaks a tie on the objective (study/record/selection.py)
             # with max_concurrent_trials Tune asks for a trial when a slot is free: the trial's
             # start-up is measured from here (study/record/tracking.py, startup/from_schedule_s)
             "scheduled_at": time.time(),
@@ -108,13 +111,15 @@ class CellSearcher(Searcher):
         return self.replicas_issued[cell] < self.spec.replicas - 1
 
     def selected(self, cell: int) -> str | None:
-        """The selected search trial of a cell whose search has ended; None before, or when none of
-        its search trials reported the objective (nothing to replicate)."""
+        """The selected search trial of a cell whose search has ended (study/record/selection.py); None
+        before, or when none of its search trials reported the objective (nothing to replicate)."""
         if not self.search_ended(cell):
             return None
-        scored = [(self.spec.objective.rank(m, loss, self.search_index[t]), t)
-                  for t, (m, loss) in self.ended[cell].items() if m is not None]
-        return min(scored)[1] if scored else None
+        if cell not in self.samples:  # the number of validation samples behind the objective's sampling error
+            self.samples[cell] = validation_samples(self.spec, self.cells[cell])
+        chosen = choose(self.spec, [(t, m, self.search_index[t]) for t, (m, _loss) in self.ended[cell].items()],
+                        self.samples[cell])
+        return chosen.key if chosen else None
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         cell = self.trial_cell.get(trial_id)

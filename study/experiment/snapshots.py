@@ -8,6 +8,7 @@ is as it is, with the measurements: docs/records.md, "Snapshots on events"."""
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import logging
 import math
@@ -112,13 +113,23 @@ class SnapshotGate(Callback):
 
 class StorageWatch:
     """Whether the study's storage answers, as the controller sees it; `lost` says why the study was
-    stopped (None: it was not)."""
+    stopped (None: it was not), `full` whether for a full (or read-only) disk, which stops it at once."""
 
     def __init__(self, wait_s: float | None = None):
         self.wait_s = store.WAIT_S if wait_s is None else wait_s
         self.checked = time.monotonic()  # the last read (a snapshot or a probe), answered or not
         self.down_since: float | None = None
         self.lost: str | None = None
+        self.full = False
+
+    def refused(self, uri: str, error: OSError) -> None:
+        """The storage answered a write with a refusal (a full or read-only disk, no permission):
+        waiting frees no space, so the study stops now, saying which."""
+        self.checked = time.monotonic()
+        if self.lost is None:
+            self.full = error.errno in store.NO_SPACE_ERRNOS
+            self.lost = store.disk_full(uri, error) if self.full else None
+            self.lost = self.lost or f"{uri} refused a write: {store.first_line(error)}"
 
     def answered(self) -> None:
         if self.down_since is not None:
@@ -239,7 +250,11 @@ def in_storage(controller, watch: StorageWatch | None = None) -> bool:
     if watch is not None:
         watch.answered()
     if stored != Path(staged).read_bytes():
-        _warn(f"the experiment state in storage ({remote}) is not the one just saved; trying again")
+        full = store.disk_full(_uri(controller))  # Tune's upload to a full disk fails in its own log only
+        if full and watch is not None:
+            watch.refused(_uri(controller), OSError(errno.ENOSPC, full))
+        else:
+            _warn(f"the experiment state in storage ({remote}) is not the one just saved; trying again")
         return False
     return True
 
@@ -263,7 +278,10 @@ def mark_complete(controller, watch: StorageWatch) -> bool:
     try:
         store.write_atomic(store.join(_uri(controller), COMPLETE), record)  # renamed into place, or one PUT
     except OSError as e:
-        watch.failed(_uri(controller), e)
+        if store.is_outage(e):
+            watch.failed(_uri(controller), e)
+        else:  # a full disk (ENOSPC) is not an outage: said at once, not after STUDY_STORAGE_WAIT_S
+            watch.refused(_uri(controller), e)
         return False
     return True
 
@@ -281,8 +299,8 @@ def _checked_record(raw: bytes, where: str) -> tuple[str, dict[str, bytes]]:
         session, files = record["session"], record["files"]
         if not (isinstance(session, str) and isinstance(files, dict)):
             raise TypeError("session or files of the wrong type")
-    except (ValueError, KeyError, TypeError) as e:
-        raise UnsafeSnapshot(f"{where}: not a snapshot record ({e})") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: nested too deeply
+        raise UnsafeSnapshot(f"{where}: not a snapshot record ({' '.join(str(e).split())[:200]})") from None
     if not STATE_FILE.fullmatch(f"experiment_state-{session}.json"):  # fullmatch: `$` admits a final newline
         raise UnsafeSnapshot(f"{where}: session {session[:100]!r} is not a Tune session time")
     decoded = {}

@@ -116,8 +116,9 @@ def run_study(
         print(f"interrupted: no results written; continue with --resume (study {study_dir})",
               file=sys.stderr)
         raise
-    except BaseException:
-        _finish_if_reachable(tracker, "FAILED")
+    except BaseException as e:  # stopped for its storage (not answering, full): resumable, as on Ctrl-C
+        stopped = isinstance(e, store.StorageError) or store.disk_full(study_dir, e)
+        _finish_if_reachable(tracker, "KILLED" if stopped else "FAILED")
         raise
 
 
@@ -223,10 +224,10 @@ def _fit(tuner, gate: SnapshotGate):
             grid = tuner.fit()
         except BaseException:  # stopped for the storage, Tune's last read of it fails too
             if watch.lost:
-                raise store.StorageUnreachable(watch.lost) from None
+                raise (store.StorageFull if watch.full else store.StorageUnreachable)(watch.lost) from None
             raise
     if watch.lost:  # stopped as on Ctrl-C
-        raise store.StorageUnreachable(watch.lost)
+        raise (store.StorageFull if watch.full else store.StorageUnreachable)(watch.lost)
     return grid
 
 

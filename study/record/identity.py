@@ -5,7 +5,9 @@ deleted and made again, hold different studies under one name, and one MLflow st
 study shares `./studies/mlflow.db` by default) records them all. `<study>/study.json` holds the
 study's id, where it lives and the spec it started with. The study's MLflow parent run carries the
 id as a tag (study/record/tracking.py), so a study only ever reads, tags or deletes its own runs; a study
-folder without a readable study.json is refused, never matched by name. `--resume` reads the id
+folder without a readable study.json is refused, never matched by name, and so is a copy of a study's
+folder, whose study.json names the original's location (`python -m study.record.identity --new-study
+FOLDER` records the copy as a study of its own). `--resume` reads the id
 back, and refuses a spec that differs from the stored one in anything but the fields a resume
 applies without changing a result (`RESUMABLE_CHANGES`).
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import re
+import shlex
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -63,10 +67,12 @@ def create(spec: StudySpec, study_dir: str) -> StudyIdentity:
     return ident
 
 
-def read(study_dir: str, name: str) -> StudyIdentity:
+def read(study_dir: str, name: str, here: bool = True) -> StudyIdentity:
     """The stored identity of the study `name` in `study_dir`. None is never an answer: a study
     made before study ids, or whose study.json is gone, cannot be told from other studies of its
-    name, and a corrupt one says nothing; both are StudyFileError (the file is left as it is)."""
+    name, and a corrupt one says nothing; both are StudyFileError (the file is left as it is). So is
+    (`here`) one that says the study lives elsewhere: a copied folder (`aws s3 sync`, `cp -r`) resumed
+    as the study it was copied from would take over that study's MLflow record."""
     path = store.join(study_dir, FILE)
     raw = store.read_bytes(path)
     if raw is None:
@@ -83,10 +89,43 @@ def read(study_dir: str, name: str) -> StudyIdentity:
             raise ValueError(f"id {ident.id!r} is not a study id")
         if not all(isinstance(v, str) for v in (ident.location, ident.created)) or not isinstance(ident.spec, dict):
             raise ValueError("location and created are text, spec an object")
-    except (ValueError, KeyError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        why = f"no {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:200]
+    except (ValueError, KeyError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError: ValueErrors
+        why = f"no {e}" if isinstance(e, KeyError) else "nested too deeply to be one" if isinstance(
+            e, RecursionError) else " ".join(str(e).split())[:200]
         raise StudyFileError(f"{store.redact(path)} cannot be read ({why}); nothing was changed. Restore it from "
                              "a backup, or start a new study (another name or --storage)") from None
+    if here and not same_folder(ident.location, study_dir):
+        raise StudyFileError(
+            f"{store.redact(path)} says study {name!r} lives in {store.redact(ident.location)}: this folder is a "
+            "copy (or was moved), and resuming it as that study would take over its MLflow record; nothing was "
+            f"changed. To continue it as a study of its own (a new MLflow record): python -m study.record.identity "
+            f"--new-study {shlex.quote(store.redact(study_dir))}")
+    return ident
+
+
+def same_folder(a: str, b: str) -> bool:
+    """Whether two study locations are one folder: a bucket's URIs equal, a local folder the same one
+    (another path to it, through a link, is the same folder; a copy or a folder made again is not)."""
+    if store.is_uri(a) or store.is_uri(b):
+        return a.rstrip("/") == b.rstrip("/")
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them is gone
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def renew(study_dir: str) -> StudyIdentity:
+    """Give the study folder `study_dir` an identity of its own (a new id, this location, the spec it
+    holds), so that a copy records to a new MLflow parent run; returns it."""
+    old = read(study_dir, "?", here=False)
+    if same_folder(old.location, study_dir):  # the original keeps its identity, and so its record
+        raise StudyFileError(f"{store.redact(study_dir)} is where study {old.id} was made, not a copy of it; "
+                             "nothing was changed")
+    ident = StudyIdentity(uuid.uuid4().hex, study_dir, datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"), old.spec)
+    data = {"id": ident.id, "location": ident.location, "created": ident.created, "spec": ident.spec,
+            "copied_from": {"id": old.id, "location": old.location}}
+    store.write_atomic(store.join(study_dir, FILE), json.dumps(data, indent=1).encode())
     return ident
 
 
@@ -201,3 +240,26 @@ def _refuse_deleted(client, exp) -> None:
             f"experiment {exp.name!r} (id {exp.experiment_id}) in {uri} is deleted; restore it (`MLFLOW_TRACKING_URI="
             f"{uri} mlflow experiments restore --experiment-id {exp.experiment_id}`), delete it for good (`mlflow gc "
             f"--backend-store-uri {uri} --experiment-ids {exp.experiment_id}`), or give the study another name")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m study.record.identity --new-study FOLDER`: record a copied study folder as a study of
+    its own, so that `--resume` continues it under a new MLflow parent run."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m study.record.identity", description=main.__doc__.split("\n")[0])
+    p.add_argument("--new-study", metavar="FOLDER", required=True, help="the study's folder (<storage>/<name>)")
+    folder = store.absolute(p.parse_args(argv).new_study)
+    try:
+        ident = renew(folder)
+    except (StudyFileError, store.StorageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{store.redact(store.join(folder, FILE))}: study id {ident.id}, location {store.redact(folder)}; "
+          "continue it with `python study/run.py --resume` (its MLflow record starts afresh)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,8 +7,13 @@ other's running child runs. Taking the lock, and taking over a killed driver's, 
   `--resume`s started together after a kill exactly one wins; no pid or host name is consulted,
   which containers sharing a host name (or a pid namespace of their own) would fool.
 - S3: the lock object is created with a conditional put (`If-None-Match: *`) and taken over with one
-  (`If-Match: <the stale lock's ETag>`): of two takeovers only the first put matches.
-- other buckets: look, then write, which narrows the race but cannot close it.
+  (`If-Match: <the stale lock's ETag>`): of two takeovers only the first put matches. A store that
+  ignores these headers (some S3-compatible servers) would let every put through; before the first
+  put, one probe object written twice, the second time under `If-None-Match: *`, finds that out, and
+  the lock is refused there (docs/records.md).
+- GCS: the same with generation preconditions (`if_generation_match=0` creates, `=<the stale lock's
+  generation>` takes over), through google-cloud-storage (pyarrow's GCS has none).
+- any other store offers no conditional write here: the lock, and the study, are refused.
 The lock names its holder: host, pid, process start time, the kernel's boot id and the pid namespace.
 A holder is known dead only where this process can see it: the same boot and pid namespace (a
 folder's flock says so by itself on this kernel), and no process of that pid and start time. Any
@@ -88,19 +93,25 @@ def _refusal(study_dir: str, path: str, holder: dict) -> StudyLocked:
 def _holder(raw: bytes | None) -> dict:
     try:
         holder = json.loads(raw) if raw else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # not a lock of ours (run.py refuses such a file first)
         return {}
     return holder if isinstance(holder, dict) else {}
 
 
 @contextmanager
 def driver_lock(study_dir: str) -> Iterator[None]:
-    """Hold the study's lock while the block runs; StudyLocked if a live driver holds it."""
+    """Hold the study's lock while the block runs; StudyLocked if a live driver holds it, or if the
+    store cannot take a lock atomically."""
     path = store.join(study_dir, FILE)
     if not store.is_uri(path):
         with _folder_lock(study_dir, path):
             yield
         return
+    refused = store.unlockable(path)
+    if refused:
+        raise StudyLocked(f"study {store.redact(study_dir)}: {refused}")
+    if path.startswith("s3://"):
+        _check_s3_conditions(study_dir, path)
     me = this_driver()
     data = json.dumps(me).encode()
     _take(study_dir, path, data)
@@ -158,17 +169,47 @@ def _read_fd(fd: int) -> bytes:
 
 
 # --- a bucket: conditional puts ----------------------------------------------------------------
+GCS = ("gs://", "gcs://")
+
+
+def _check_s3_conditions(study_dir: str, path: str) -> None:
+    """StudyLocked if the S3 store ignores If-None-Match: a probe object written twice, the second time
+    only if none is there, must be refused the second time."""
+    import uuid
+
+    from botocore.exceptions import ClientError
+
+    client, bucket, key = _s3(f"{path}.probe-{uuid.uuid4().hex[:12]}")
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=b"1")
+        try:
+            client.put_object(Bucket=bucket, Key=key, Body=b"2", IfNoneMatch="*")
+            ignored = "it took a put under If-None-Match: * over an object that was there"
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code not in LOST_RACE and code != "NotImplemented":
+                raise
+            ignored = None if code in LOST_RACE else "it does not implement If-None-Match"
+        client.delete_object(Bucket=bucket, Key=key)
+    except ClientError as e:
+        raise store.StorageError(f"{store.redact(path)}: {e}") from None
+    if ignored:
+        raise StudyLocked(f"study {store.redact(study_dir)}: this S3 store ignores conditional writes ({ignored}), "
+                          "so no driver lock can be taken atomically there (two drivers could run this study); "
+                          "use a store that honours If-None-Match (AWS S3 does), or a folder")
+
+
 def _take(study_dir: str, path: str, data: bytes) -> None:
     for _ in range(3):
-        if _put(path, data, None):
+        if put_version(path, data, None):
             return
-        raw, etag = _get(path)
+        raw, etag = read_version(path)
         if raw is None:
             continue  # released meanwhile: create it again
         holder = _holder(raw)
         if _alive(holder):
             raise _refusal(study_dir, path, holder)
-        if _put(path, data, etag):  # stale: replace exactly the object judged stale, or lose to whoever did
+        if put_version(path, data, etag):  # stale: replace exactly the object judged stale, or lose to whoever did
             return
     raise StudyLocked(f"study {study_dir}: could not take {path}; another driver took it meanwhile")
 
@@ -183,9 +224,9 @@ def _s3(path: str):
 LOST_RACE = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey")
 
 
-def _put(path: str, data: bytes, etag: str | None) -> bool:
-    """Create the lock (`etag` None) or replace the object whose ETag is `etag`; False if it is not
-    there as expected (another driver was first)."""
+def put_version(path: str, data: bytes, etag: str | None) -> bool:
+    """Create the lock (`etag` None) or replace the object whose version (S3's ETag, GCS's generation)
+    is `etag`; False if it is not there as expected (another driver was first)."""
     if path.startswith("s3://"):
         from botocore.exceptions import ClientError
 
@@ -198,16 +239,37 @@ def _put(path: str, data: bytes, etag: str | None) -> bool:
                 return False
             raise store.StorageError(f"{path}: {e}") from None
         return True
-    if etag is None and store.exists(path):
+    from google.api_core.exceptions import GoogleAPIError, NotFound, PreconditionFailed
+
+    try:  # GCS: generation 0 means "no such object"; an object's generation changes with every write
+        _gcs(path).upload_from_string(data, if_generation_match=0 if etag is None else int(etag))
+    except (PreconditionFailed, NotFound):
         return False
-    store.write_atomic(path, data)
+    except GoogleAPIError as e:
+        raise store.StorageError(f"{path}: {e}") from None
     return True
 
 
-def _get(path: str) -> tuple[bytes | None, str | None]:
-    """The lock's bytes and (S3) ETag; (None, None) if there is none."""
-    if not path.startswith("s3://"):
-        return store.read_bytes(path), ""
+def _gcs(path: str):
+    from google.cloud import storage
+
+    bucket, _, key = path.partition("://")[2].partition("/")
+    return storage.Client().bucket(bucket).blob(key)
+
+
+def read_version(path: str) -> tuple[bytes | None, str | None]:
+    """The lock's bytes and its version (S3: the ETag; GCS: the generation); (None, None) if there is none."""
+    if path.startswith(GCS):
+        from google.api_core.exceptions import GoogleAPIError, NotFound, PreconditionFailed
+
+        blob = _gcs(path)
+        try:
+            blob.reload()  # its generation, then exactly that generation's bytes
+            return blob.download_as_bytes(if_generation_match=blob.generation), str(blob.generation)
+        except (NotFound, PreconditionFailed):  # none, or replaced meanwhile: the caller reads again
+            return None, None
+        except GoogleAPIError as e:
+            raise store.StorageError(f"{path}: {e}") from None
     from botocore.exceptions import ClientError
 
     client, bucket, key = _s3(path)
@@ -222,9 +284,9 @@ def _get(path: str) -> tuple[bytes | None, str | None]:
 
 def _release(path: str, me: dict) -> None:
     try:
-        raw, etag = _get(path)
+        raw, etag = read_version(path)
         if raw and _holder(raw) == me:
-            _remove(path, etag)
+            remove_version(path, etag)
     except OSError as e:  # the storage does not answer: the lock stays, stale once this process ends
         _left_in_place(path, e)
 
@@ -234,7 +296,17 @@ def _left_in_place(path: str, why: OSError) -> None:
           "this host takes it over", file=sys.stderr, flush=True)
 
 
-def _remove(path: str, etag: str | None = None) -> None:
+def remove_version(path: str, etag: str | None = None) -> None:
+    if etag and path.startswith(GCS):  # only the generation read as ours
+        from google.api_core.exceptions import GoogleAPIError, NotFound, PreconditionFailed
+
+        try:
+            _gcs(path).delete(if_generation_match=int(etag))
+        except (PreconditionFailed, NotFound):
+            pass
+        except GoogleAPIError as e:
+            raise store.StorageError(f"{path}: {e}") from None
+        return
     if etag and path.startswith("s3://"):  # only the object read as ours, not one a takeover put since
         from botocore.exceptions import ClientError
 

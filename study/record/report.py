@@ -3,14 +3,15 @@
 - results.csv: one row per trial x evaluation cell (length, k_test, ids) with the trial's cell
   factors, searched hyperparameters, seed, role (search | replica) and metrics.
 - selected.csv: per study cell, the search trial selected on the objective (in-distribution
-  validation by default; ties to the lower val_loss, and how many tied), its config, and the mean
-  and 95% interval over the seeds of that config (the selected trial and its replicas) of the
-  summary metrics.
+  validation by default; trials within its sampling error are tied, the first suggested of them is
+  chosen: study/record/selection.py; `tied`, `chosen_by`), its config, and the mean, minimum and
+  maximum over the seeds of that config (the selected trial and its replicas) of the summary metrics.
 - summary.csv: per cell x test length x k_test (the model's own ids), the selected config's answer
-  accuracy, exact match and answer-token accuracy over its seeds: mean, 95% t-interval (Student's
-  t, n - 1 degrees of freedom, clipped to [0, 1]; none for one seed) and the number of seeds.
+  accuracy, exact match and answer-token accuracy over its seeds: mean, minimum and maximum, the
+  fraction of runs whose exact match reaches EXTRAPOLATES (`runs_solved`) and the number of seeds.
+  Few seeds (3) give no interval worth the name; the seeds' range is what they show (docs/statistics.md).
 - the figures (study/record/figures.py): accuracy_vs_length.png, accuracy_by_<factor>.png and, for specs
-  with a `sparsity:` section, sparsity_vs_extrapolation.png.
+  with a `sparsity:` section, sparsity_vs_extrapolation.png, each with a PDF copy beside it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import os
 
 import pandas as pd
 
-from study.record.figures import plot_accuracy, plot_factor, plot_sparsity
+from study.record.figures import describe, plot_accuracy, plot_factor, plot_sparsity, vector_copy
+from study.record.selection import BY_OBJECTIVE, choose, tie_sentence, validation_samples
 from study.spec.schema import StudySpec
 from trial import metrics
 
@@ -67,34 +69,40 @@ def planned_order(trial: dict) -> tuple:
 
 
 def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
-    """Per cell, the selected trial: with a search the best search trial on the objective (ties:
-    the lower validation loss, `ObjectiveSpec.rank`), without one the cell's first seed; `tied`
-    counts the trials that matched its objective, `seeds` the runs of its config."""
+    """Per cell, the selected trial: with a search the best search trial on the objective, trials
+    within its sampling error tied and the first suggested of them chosen (study/record/selection.py;
+    `tied` counts them, `chosen_by` says which rule chose), without a search the cell's first seed;
+    `seeds` counts the runs of its config."""
     if results.empty:
         return results
     metric = spec.objective.metric
     trials = results.drop_duplicates("trial_id")
+    cells = {c.label: c for c in spec.cells()}
     rows = []
-    for _cell, group in trials.groupby("cell", sort=False):
+    for cell, group in trials.groupby("cell", sort=False):
         done = group[group.status == "TERMINATED"]  # a failed or early-stopped trial has no test grid
         candidates = done[done.role == "search"] if spec.search is not None else done.sort_values("seed")
         if candidates.empty:
             continue
-        ranked = sorted(candidates.to_dict("records"),
-                        key=lambda r: spec.objective.rank(r[metric], r["val_loss"],
-                                                          r.get("search_index", r["trial_id"]))
-                        if spec.search is not None else (r["seed"],))
-        best = ranked[0]
+        records = candidates.to_dict("records")
+        if spec.search is not None:
+            chosen = choose(spec, [(i, r[metric], _order(r)) for i, r in enumerate(records)],
+                            validation_samples(spec, cells[cell]))
+            if chosen is None:
+                continue
+            best = {**records[chosen.key], "tied": chosen.tied, "chosen_by": chosen.chosen_by}
+        else:
+            best = {**records[0], "tied": 1, "chosen_by": "first seed"}
         runs = seed_runs(spec, group, best["trial_id"])
-        best["tied"] = int((candidates[metric] == best[metric]).sum()) if spec.search is not None else 1
         best["seeds"] = len(runs)
         for col in [*SUMMARY_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in runs]]:
-            mean, lo, hi, _ = interval(runs[col], proportion=metrics.is_proportion(col))
-            best[f"{col}_mean"], best[f"{col}_lo"], best[f"{col}_hi"] = mean, lo, hi
+            best[f"{col}_mean"], best[f"{col}_min"], best[f"{col}_max"], _ = spread(runs[col])
         rows.append(best)
+    if not rows:
+        return pd.DataFrame()
     out = pd.DataFrame(rows)
     keep = ["cell", "trial_id", "seed", *[c for c in out.columns if c.startswith("search.")], metric, "val_loss",
-            "tied", "seeds", *[c for c in out.columns if c.endswith(("_mean", "_lo", "_hi"))]]
+            "tied", "chosen_by", "seeds", *[c for c in out.columns if c.endswith(("_mean", "_min", "_max"))]]
     order = {c.label: c.index for c in spec.cells()}
     return out[list(dict.fromkeys(keep))].sort_values("cell", key=lambda s: s.map(order)).reset_index(drop=True)
 
@@ -109,22 +117,20 @@ def seed_runs(spec: StudySpec, cell_trials: pd.DataFrame, selected: str) -> pd.D
     return runs[runs.status == "TERMINATED"]
 
 
-def interval(values: pd.Series, proportion: bool = False) -> tuple[float, float, float, int]:
-    """Mean and 95% t-interval over seeds (Student's t with n - 1 degrees of freedom), clipped to
-    [0, 1] for a proportion (3 seeds at 1.0, 1.0, 0.96 would otherwise reach 1.03); the interval is
-    NaN for fewer than 2 values."""
-    from scipy import stats
+def _order(trial: dict) -> tuple:
+    """A search trial's place in its cell's search (results.csv written before search_index: its id)."""
+    index = trial.get("search_index")
+    missing = index is None or index != index
+    return (missing, 0 if missing else int(index), str(trial["trial_id"]))
 
+
+def spread(values: pd.Series) -> tuple[float, float, float, int]:
+    """Mean, minimum and maximum over seeds, and how many: what few seeds show (every bound is a
+    value a run reached, so it stays inside the metric's range). NaN where nothing was measured."""
     v = pd.to_numeric(values, errors="coerce").dropna().to_numpy(dtype=float)
-    n = len(v)
-    if n == 0:
+    if len(v) == 0:
         return float("nan"), float("nan"), float("nan"), 0
-    mean = float(v.mean())
-    if n < 2:
-        return mean, float("nan"), float("nan"), n
-    half = float(stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / n ** 0.5)
-    lo, hi = mean - half, mean + half
-    return (mean, max(lo, 0.0), min(hi, 1.0), n) if proportion else (mean, lo, hi, n)
+    return float(v.mean()), float(v.min()), float(v.max()), len(v)
 
 
 EXTRAPOLATES = 0.95  # the exact match from which a run counts as solving a length (Zhou et al. 2024 count them)
@@ -144,25 +150,17 @@ def summarize_seeds(spec: StudySpec, results: pd.DataFrame, selected: pd.DataFra
             continue
         rec = rec[rec.ids == rec.ids.iloc[0]]
         for key, g in rec.groupby(by, dropna=False, sort=True):
-            acc, lo, hi, n = interval(g.answer_acc, proportion=True)
-            exact, elo, ehi, _ = interval(g.exact_match, proportion=True)
             solved = pd.to_numeric(g.exact_match, errors="coerce").dropna()
-            rows.append({"cell": sel.cell, **dict(zip(by, key)), "ids": g.ids.iloc[0],
-                         "in_distribution": bool(g.in_distribution.iloc[0]), "seeds": n,
-                         "answer_acc": acc, "answer_acc_lo": lo, "answer_acc_hi": hi,
-                         "exact_match": exact, "exact_match_lo": elo, "exact_match_hi": ehi,
-                         "runs_solved": float((solved >= EXTRAPOLATES).mean()) if len(solved) else float("nan"),
-                         **_token_interval(g)})
+            row = {"cell": sel.cell, **dict(zip(by, key)), "ids": g.ids.iloc[0],
+                   "in_distribution": bool(g.in_distribution.iloc[0]), "seeds": spread(g.answer_acc)[3]}
+            # answer_token_acc where the rows have it (results.csv written before it was measured have not)
+            for col in ("answer_acc", "exact_match", "answer_token_acc"):
+                if col in g and g[col].notna().any():
+                    row[col], row[f"{col}_min"], row[f"{col}_max"], _ = spread(g[col])
+                if col == "exact_match":
+                    row["runs_solved"] = float((solved >= EXTRAPOLATES).mean()) if len(solved) else float("nan")
+            rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _token_interval(g: pd.DataFrame) -> dict:
-    """answer_token_acc's mean and interval over seeds, where the rows have it (results.csv written
-    before it was measured have not)."""
-    if "answer_token_acc" not in g or g.answer_token_acc.isna().all():
-        return {}
-    mean, lo, hi, _ = interval(g.answer_token_acc, proportion=True)
-    return {"answer_token_acc": mean, "answer_token_acc_lo": lo, "answer_token_acc_hi": hi}
 
 
 def train_sizes(task: dict) -> tuple[int, int | None]:
@@ -265,17 +263,18 @@ def _write_report_files(spec: StudySpec, results: pd.DataFrame, out_dir: str
     _to_csv(summary, files["summary"])
     if not summary.empty:
         train_lengths, train_ks = cell_train_sizes(spec)
+        text = describe(spec, int(summary.seeds.max()))
         # the figures show the last checkpoint; summary.csv holds both
         shown = summary[summary.checkpoint == "last"] if "checkpoint" in summary else summary
-        files["plot"] = plot_accuracy(shown, os.path.join(out_dir, "accuracy_vs_length.png"), train_lengths)
+        figures = {"plot": plot_accuracy(shown, os.path.join(out_dir, "accuracy_vs_length.png"), train_lengths, text)}
         for factor in spec.grid:
             name = f"accuracy_by_{factor.replace('.', '_')}.png"
-            written = plot_factor(spec, shown, factor, os.path.join(out_dir, name), train_lengths, train_ks)
-            if written:
-                files[f"by_{factor}"] = written
-        scatter = plot_sparsity(results, os.path.join(out_dir, "sparsity_vs_extrapolation.png"))
-        if scatter:
-            files["sparsity_plot"] = scatter
+            figures[f"by_{factor}"] = plot_factor(spec, shown, factor, os.path.join(out_dir, name), train_lengths,
+                                                  train_ks, text)
+        figures["sparsity_plot"] = plot_sparsity(results, os.path.join(out_dir, "sparsity_vs_extrapolation.png"), text)
+        for key, png in figures.items():
+            if png:  # each PNG with its vector copy
+                files[key], files[f"{key}_pdf"] = png, vector_copy(png)
     return selected, summary, files
 
 
@@ -288,35 +287,84 @@ def _sig(x, digits: int = 3) -> str:
     return "nan" if x != x else f"{x:.{digits}g}"
 
 
-def _mean_ci(mean, lo, hi) -> str:
+def mean_range(mean, low, high, digits: int = 3) -> str:
+    """`mean [min-max]` over seeds, the convention of the report and the docs (docs/statistics.md)."""
     if mean != mean:
         return "-"
-    return f"{mean:.3f}" if lo != lo else f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
+    low, high = f"{low:.{digits}f}", f"{high:.{digits}f}"  # a range that rounds to one value is that value
+    return f"{mean:.{digits}f}" if low == "nan" or low == high else f"{mean:.{digits}f} [{low}-{high}]"
 
 
 def summary_lines(spec: StudySpec, selected: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
-    """Per cell the selected config (and how a tie was broken), its means and 95% intervals over
-    seeds, and accuracy per k_test at the longest test length."""
+    """Per cell the selected config (and how a tie was broken), its mean [min-max] over seeds, and
+    accuracy per k_test at the longest test length with the runs that reach EXTRAPOLATES."""
     metric = spec.objective.metric
-    lines = ["", f"selected per cell ({spec.objective.mode} {metric} on in-distribution validation; ties: "
-             "lower val_loss), means [95% t-interval] over the selected config's seeds:"]
+    cells = {c.label: c for c in spec.cells()}
+    lines = ["", f"selected per cell ({spec.objective.mode} {metric} on in-distribution validation; trials within "
+             "its sampling error are tied, the first suggested of them is chosen), mean [min-max] over the "
+             "selected config's seeds:"]
     for row in selected.to_dict("records"):
         params = ", ".join(f"{k[len('search.'):]}={_sig(v)}" for k, v in row.items() if k.startswith("search."))
-        tie = f"; {row['tied']} trials tied at {_sig(row[metric])}, broken by val_loss" if row["tied"] > 1 else ""
+        tie = tie_sentence(spec, row["tied"], validation_samples(spec, cells[row["cell"]])) \
+            if row.get("chosen_by") != BY_OBJECTIVE and row["cell"] in cells else ""
         lines.append(f"  {row['cell']}: trial {row['trial_id']} ({params or 'no search'}), {metric} "
-                     f"{_sig(row[metric])}, val_loss {_sig(row['val_loss'])}{tie}; {row['seeds']} seed(s)")
+                     f"{_sig(row[metric])}, val_loss {_sig(row['val_loss'])}{f'; {tie}' if tie else ''}; "
+                     f"{row['seeds']} seed(s)")
         for col in ("acc_in_dist", "acc_beyond", "acc_k_beyond", "loss_beyond"):
             mean = row.get(f"{col}_mean", float("nan"))
             if mean == mean:
-                lines.append(f"      {col:<13}{_mean_ci(mean, row[f'{col}_lo'], row[f'{col}_hi'])}")
+                lines.append(f"      {col:<13}{mean_range(mean, row[f'{col}_min'], row[f'{col}_max'])}")
     if len(summary):
         longest = int(summary.length.max())
         at = summary[summary.length == longest]
-        lines.append(f"answer accuracy at test length {longest}, per k_test (mean [95% interval] over seeds):")
+        lines.append(f"answer accuracy at test length {longest}, per k_test (mean [min-max] over seeds; runs whose "
+                     f"exact match >= {EXTRAPOLATES}):")
         for cell, g in at.groupby("cell", sort=False):
             for checkpoint, part in (g.groupby("checkpoint", sort=False) if "checkpoint" in g else [("", g)]):
-                parts = [f"k={'all' if k != k else int(k)}: {_mean_ci(a, lo, hi)} "
-                         f"({solved:.0%} of runs exact >= {EXTRAPOLATES})" for k, a, lo, hi, solved in
-                         zip(part.k, part.answer_acc, part.answer_acc_lo, part.answer_acc_hi, part.runs_solved)]
+                parts = [f"k={'all' if k != k else int(k)}: {mean_range(a, lo, hi)}"
+                         + ("" if solved != solved else f" ({round(solved * n)}/{n} runs)") for k, a, lo, hi, solved, n in
+                         zip(part.k, part.answer_acc, part.answer_acc_min, part.answer_acc_max, part.runs_solved,
+                             part.seeds)]
                 lines.append(f"  {cell}{f' ({checkpoint} checkpoint)' if checkpoint else ''}: " + "; ".join(parts))
     return lines
+
+
+SHOWN = ("acc_in_dist", "acc_beyond", "acc_k_beyond", "loss_beyond")  # per cell, in the closing lines and tables
+
+
+def cell_mean_range(row: dict, col: str) -> str:
+    """`mean [min-max]` of one of selected.csv's metrics, as the docs write it ("-" where not measured)."""
+    return mean_range(*(row.get(f"{col}_{part}", float("nan")) for part in ("mean", "min", "max")), digits=2)
+
+
+def markdown_summary(spec: StudySpec, selected: pd.DataFrame, summary: pd.DataFrame) -> str:
+    """The closing lines as Markdown tables to paste: per cell the chosen config and its metrics over
+    seeds; then answer accuracy per cell and k_test at each test length, with the runs whose exact
+    match reaches EXTRAPOLATES at the longest. Cells are named as the figures name them."""
+    names = describe(spec).labels
+    rows = selected.to_dict("records")
+    shown = [c for c in SHOWN if any(cell_mean_range(r, c) != "-" for r in rows)]
+    lines = [f"{spec.name}: mean [min-max] over the selected config's seeds (docs/statistics.md)", "",
+             "| cell | chosen | seeds | " + " | ".join(shown) + " |", "|---|---|---|" + "---|" * len(shown)]
+    for r in rows:
+        chosen = ", ".join(f"{k[len('search.'):]} {_sig(v)}" for k, v in r.items() if k.startswith("search.")) or "-"
+        lines.append(f"| {names.get(r['cell'], r['cell'])} | {chosen} | {r['seeds']} | "
+                     + " | ".join(cell_mean_range(r, c) for c in shown) + " |")
+    if summary.empty:
+        return "\n".join(lines)
+    lengths = sorted(int(n) for n in summary.length.dropna().unique())
+    by = [c for c in ("k", "checkpoint") if c in summary]
+    lines += ["", f"answer accuracy, mean [min-max] over seeds; runs: exact match >= {EXTRAPOLATES} at {lengths[-1]}", "",
+              "| cell | " + "".join(f"{c} | " for c in by) + " | ".join(map(str, lengths)) + " | runs |",
+              "|---|" + "---|" * (len(by) + len(lengths) + 1)]
+    for (cell, *key), g in summary.groupby(["cell", *by], dropna=False, sort=False):
+        at = {int(n): row for n, row in zip(g.length, g.to_dict("records"))}
+        last = at.get(lengths[-1], {})
+        runs = "-" if last.get("runs_solved", float("nan")) != last.get("runs_solved", float("nan")) else \
+            f"{round(last['runs_solved'] * last['seeds'])}/{last['seeds']}"
+        keys = "".join(f"{'all' if v != v else (int(v) if isinstance(v, float) else v)} | " for v in key)
+        lines.append(f"| {names.get(cell, cell)} | {keys}" + " | ".join(
+            mean_range(at[n]["answer_acc"], at[n]["answer_acc_min"], at[n]["answer_acc_max"], 2) if n in at else "-"
+            for n in lengths) + f" | {runs} |")
+    return "\n".join(lines)
+

@@ -32,7 +32,7 @@ from study.record.identity import PARENT_TAG, StudyIdentity, find_runs, literal,
 from study.record.trial_record import extrapolation_metrics, is_metric, log_final_artifacts
 from study.spec.schema import StudySpec, flat_params
 from trial.storage import first_line as _first_line
-from trial.storage import uri_of
+from trial.storage import redact, uri_of
 
 TRIAL_TAG = "tune.trial_id"
 
@@ -93,7 +93,7 @@ def source_tags() -> dict[str, str]:
 def runs_link(tracking_uri: str, experiment_id: str) -> str:
     """The UI's runs table of the experiment (the experiment's default page in MLflow 3 is the
     GenAI overview). A SQLite store is read by `mlflow ui`, on 127.0.0.1:5000 by default."""
-    base = tracking_uri.rstrip("/") if tracking_uri.startswith("http") else "http://127.0.0.1:5000"
+    base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith("http") else "http://127.0.0.1:5000"
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
@@ -150,12 +150,16 @@ class StudyTracker(Callback):
         self.down_since: float | None = None
         self.last_error = ""  # what MLflow last answered instead of taking an event
 
-    def __getstate__(self):  # Tune pickles its callbacks with the experiment; the client is rebuilt
-        return {k: v for k, v in self.__dict__.items() if k not in ("client", "backlog") and not k.startswith("_w")}
+    def __getstate__(self):  # Tune pickles its callbacks with the experiment: no client, nor the URI as given
+        state = {k: v for k, v in self.__dict__.items()
+                 if k not in ("client", "backlog") and not k.startswith("_w")}
+        return {**state, "tracking_uri": redact(self.tracking_uri)}
 
     def __setstate__(self, state):
+        # a restored tracker records nothing: a resume replaces it with its own (study/experiment/tuning.py),
+        # made from the URI as given
         self.__dict__.update(state)
-        self.client, self.backlog = MlflowClient(self.tracking_uri), collections.deque()
+        self.client, self.backlog = None, collections.deque()
         self._writer_state()
 
     def _writer_state(self) -> None:  # the backlog's writer, off Tune's loop; one drain at a time
@@ -194,8 +198,9 @@ class StudyTracker(Callback):
                     self.retry_at = time.time() + RETRY_S
                     if self.down_since is None:
                         self.down_since = time.time()
-                        print(f"warning: mlflow: cannot record to {self.tracking_uri} ({_first_line(e)}); the trials "
-                              "go on and their events are recorded once it answers", file=sys.stderr, flush=True)
+                        print(f"warning: mlflow: cannot record to {redact(self.tracking_uri)} ({_first_line(e)}); "
+                              "the trials go on and their events are recorded once it answers", file=sys.stderr,
+                              flush=True)
                     return
                 self.backlog.popleft()
         if self.down_since is not None and not self.backlog:
@@ -216,8 +221,8 @@ class StudyTracker(Callback):
             time.sleep(min(RETRY_S, max(0.0, deadline - time.time())))
         held = collections.Counter(hook.__name__ for hook, *_ in self.backlog)
         trials = sorted({a.trial_id for _, args, kw, _ in self.backlog for a in [*args, *kw.values()] if hasattr(a, "trial_id")})
-        raise MlflowException(f"{self.tracking_uri} did not take {len(self.backlog)} event(s) (last error: "
-                              f"{self.last_error}): not recorded "
+        raise MlflowException(f"{redact(self.tracking_uri)} did not take {len(self.backlog)} event(s) (last "
+                              f"error: {self.last_error}): not recorded "
                               f"({', '.join(f'{n} x{c}' for n, c in held.items())}; trials {', '.join(trials) or '-'})")
 
     # --- child runs -----------------------------------------------------------------------

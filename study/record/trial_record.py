@@ -26,7 +26,7 @@ def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -
         client.log_text(run_id, records_csv(records), "eval/records.csv")
         log_trial_plot(client, run_id, [r for r in records if r.get("checkpoint", "last") == "last"], trial_config)
     if result.get("loss_gap_records"):
-        log_loss_gap(client, run_id, result["loss_gap_summary"], result["loss_gap_records"])
+        log_loss_gap(client, run_id, result["loss_gap_summary"], result["loss_gap_records"], trial_config)
     if result.get("sparsity_targets"):
         log_sparsity(client, run_id, result["sparsity_targets"], trial_config)
 
@@ -34,25 +34,29 @@ def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -
 def log_trial_plot(client, run_id: str, records: list[dict], trial_config: dict) -> None:
     import tempfile
 
-    from study.record.figures import plot_trial
+    from study.record.figures import plot_trial, vector_copy
     from study.record.report import train_sizes
 
     train_length, _ = train_sizes(trial_config["task"])
     with tempfile.TemporaryDirectory() as tmp:  # at the root: the compare view shows common artifacts
-        client.log_artifact(run_id, plot_trial(records, train_length, f"{tmp}/accuracy_vs_length.png"))
+        png = plot_trial(records, train_length, f"{tmp}/accuracy_vs_length.png", trial_config)
+        client.log_artifact(run_id, png)
+        client.log_artifact(run_id, vector_copy(png))
 
-def log_loss_gap(client, run_id: str, summary: list[dict], records: list[dict]) -> None:
+def log_loss_gap(client, run_id: str, summary: list[dict], records: list[dict], trial_config: dict) -> None:
     import tempfile
 
     import pandas as pd
 
     from analysis.loss_gap import plot_gap
+    from study.record.figures import trial_title, vector_copy
 
     client.log_text(run_id, records_csv(summary), "loss_gap/summary.csv")
     client.log_text(run_id, records_csv(records), "loss_gap/tokens.csv")
     with tempfile.TemporaryDirectory() as tmp:
-        path = plot_gap(pd.DataFrame(records), f"{tmp}/gap_scatter.png")
+        path = plot_gap(pd.DataFrame(records), f"{tmp}/gap_scatter.png", f"loss gap: {trial_title(trial_config)}")
         client.log_artifact(run_id, path, "loss_gap")
+        client.log_artifact(run_id, vector_copy(path), "loss_gap")
 
 def log_sparsity(client, run_id: str, rows: list[dict], trial_config: dict) -> None:
     import tempfile
@@ -60,11 +64,14 @@ def log_sparsity(client, run_id: str, rows: list[dict], trial_config: dict) -> N
     import pandas as pd
 
     from analysis.sparsity import plot_k
+    from study.record.figures import trial_title, vector_copy
 
     client.log_text(run_id, records_csv(rows), "sparsity/targets.csv")
     k_max = SparsitySpec.model_validate(trial_config["sparsity"]).k_max
     with tempfile.TemporaryDirectory() as tmp:
-        client.log_artifact(run_id, plot_k(pd.DataFrame(rows), k_max, f"{tmp}/k_hist.png"), "sparsity")
+        path = plot_k(pd.DataFrame(rows), k_max, f"{tmp}/k_hist.png", f"sparsity meter: {trial_title(trial_config)}")
+        client.log_artifact(run_id, path, "sparsity")
+        client.log_artifact(run_id, vector_copy(path), "sparsity")
 
 def extrapolation_metrics(records: list[dict], now: int) -> list[Metric]:
     """The grid as MLflow metrics: per k and id mode a curve over length (one key each), and flat

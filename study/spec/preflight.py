@@ -3,12 +3,14 @@ naming the flag (run.py prints `error: <message>` and exits 2), never a tracebac
 left behind (a probe folder made to test that a folder is writable is removed again).
 
 - `--storage`: a folder must be a folder (not a file, not under a file) that this user can create
-  or write; a `file:` URI is the local path it names; a bucket URI carries neither credentials
-  (`s3://KEY:SECRET@bucket`, `?secret_key=`: use the environment or an instance role) nor a query string
-  (`?region=...`: the environment's AWS_REGION / AWS_ENDPOINT_URL say that).
+  or write, and whose path reads the same as URI text where MLflow's SQLite record goes there (no
+  `%41`, no `?`: `check_record_paths`); a `file:` URI is the local path it names; a bucket URI carries
+  neither credentials (`s3://KEY:SECRET@bucket`, `?secret_key=`: use the environment or an instance
+  role) nor a query string (`?region=...`: the environment's AWS_REGION / AWS_ENDPOINT_URL say that),
+  and its store must offer a conditional write for the driver lock (`store.unlockable`).
 - `--mlflow-uri`: a tracking server (`http(s)://`) must answer its REST API within a few seconds;
-  a SQLite store's folder must be creatable; `databricks` is a tracking URI; no password in the URI
-  (user info, query or fragment).
+  a SQLite store's folder must be creatable and written as it is; `databricks` is a tracking URI; no
+  credential anywhere in the URI but a database's user name (`credentials_problem`).
 - `--address` / RAY_ADDRESS: `local` in any spelling means the embedded loopback-only Ray
   (`ray_address`); anything else must accept a TCP connection within a few seconds, before Ray
   starts (a `ray.init` against nothing hangs for a minute and then fails in a traceback).
@@ -25,9 +27,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import tempfile
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from trial import storage as store
 from trial.yaml_io import YamlBomb, check_yaml_expansion
@@ -95,18 +98,24 @@ def check_cluster_yaml(path: str) -> str | None:
 
 
 # --- URIs ------------------------------------------------------------------------------------------
+# the schemes of MLflow's database stores (mlflow.store.db.db_types.DATABASE_ENGINES), with a driver
+# or not (`postgresql+psycopg2`): the only URIs whose user part may hold a user name (no password)
+DATABASE_SCHEMES = ("postgresql", "mysql", "sqlite", "mssql")
+
+
 def credentials_problem(flag: str, uri: str, hint: str) -> str | None:
-    """A URI that carries a password (or, for a bucket, any user part: an access key), or a secret
-    in its query or fragment (`?password=`, `#access_token=`), is refused: it would be printed,
-    logged and stored in every trial's config and Tune's state. The message never repeats it."""
+    """A URI that carries a credential is refused: a password, or any user part but a database's
+    user name (a bucket's is an access key, `http://TOKEN@host` a token), or a secret in its query or
+    fragment (`?password=`, `#access_token=`, `?jwt=`, `?odbc_connect=...PWD%3D...`): it would be
+    printed, logged and stored in every trial's config and Tune's state. The message never repeats it."""
     info, keys = store.userinfo(uri), store.secret_keys(uri)
     if keys:
         return (f"{flag}: {store.redact(uri)}: a secret in the URI ({', '.join(keys)}) is refused (it would be "
                 f"echoed in messages and stored in every trial's config); remove it and use {hint}")
     if info is None:
         return None
-    if ":" not in info and flag not in ("--storage",):
-        return None  # a user name alone (`postgresql://study@db/mlflow`) is no secret
+    if ":" not in info and uri.partition(":")[0].partition("+")[0].lower() in DATABASE_SCHEMES:
+        return None  # a database's user name alone (`postgresql://study@db/mlflow`) is no secret
     return (f"{flag}: {store.redact(uri)}: credentials in the URI are refused (they would be echoed in "
             f"messages and stored in every trial's config); remove them and use {hint}")
 
@@ -128,7 +137,9 @@ def check_storage(storage: str) -> str | None:
                     "folders are joined to the path); give the region or endpoint through the environment "
                     "(AWS_REGION, AWS_ENDPOINT_URL) instead")
         elif not parts.netloc:
-            return f"--storage: {storage}: no bucket (expected {scheme}://bucket/prefix)"
+            return f"--storage: {store.redact(storage)}: no bucket (expected {scheme}://bucket/prefix)"
+        elif store.unlockable(storage):
+            return f"--storage: {store.redact(storage)}: {store.unlockable(storage)}"
         else:
             return None  # reachability: study/run.py's probe object (store.check_writable)
     return check_local_folder("--storage", store.absolute(storage))
@@ -165,21 +176,71 @@ def check_mlflow_uri(uri: str, network: bool = True) -> str | None:
     if problem:
         return problem
     if scheme == "sqlite":
-        path = uri.partition(":///")[2] if ":///" in uri else ""
+        path = sqlite_database(uri) if ":///" in uri else None
         if not path or path == ":memory:":
-            return f"--mlflow-uri: {uri}: expected sqlite:///path/to/mlflow.db"
+            return f"--mlflow-uri: {store.redact(uri)}: expected sqlite:///path/to/mlflow.db"
+        written = os.path.dirname(os.path.abspath(uri.partition(":///")[2]))
+        if written != os.path.dirname(os.path.abspath(path)):
+            return (f"--mlflow-uri: {store.redact(uri)}: {uri_text_problem(written)}; give a database path "
+                    "without %-escapes or '?'")
         path = os.path.abspath(path)
         if os.path.isdir(path):
-            return f"--mlflow-uri: {uri}: {path} is a folder, not a database file"
-        return check_local_folder("--mlflow-uri", os.path.dirname(path), uri)
+            return f"--mlflow-uri: {store.redact(uri)}: {path} is a folder, not a database file"
+        return check_local_folder("--mlflow-uri", os.path.dirname(path), store.redact(uri))
     if scheme in ("http", "https"):
         return check_tracking_server(uri) if network else None
     if scheme == "databricks":  # `databricks` or `databricks://profile`: MLflow's own scheme, not a path
         return None
     if ("://" not in uri or scheme == "file") and \
             os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
-        return (f"--mlflow-uri: {uri}: MLflow 3 refuses a file store (unless MLFLOW_ALLOW_FILE_STORE=true); "
+        return (f"--mlflow-uri: {store.redact(uri)}: MLflow 3 refuses a file store (unless MLFLOW_ALLOW_FILE_STORE=true); "
                 "give a database, e.g. sqlite:///path/to/mlflow.db, or a tracking server")
+    return None
+
+
+def sqlite_database(uri: str) -> str | None:
+    """The database file a sqlite: URI names, as SQLAlchemy reads it (MLflow opens it through
+    SQLAlchemy): %-escapes decoded, a `?` starting the query."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(uri).database
+    except ArgumentError:
+        return None
+
+
+def uri_text_problem(folder: str) -> str | None:
+    """Why a folder's path cannot be written into a sqlite: URI or a local MLflow artifact location as
+    it is: MLflow creates the database's folder from the URI's text as written but opens the database
+    where SQLAlchemy's reading of it says (a %-escape decoded, `?` starting a query), and it decodes
+    %-escapes in a local artifact location. Escaping them would not help: the folder MLflow creates
+    would then be the escaped text, beside the one meant. None if the path can be written as it is."""
+    escape = re.search(r"%[0-9A-Fa-f]{2}", folder)
+    if escape:
+        return (f"{escape[0]!r} in the path reads as {unquote(escape[0])!r} in a URI, and MLflow would write "
+                f"outside {folder}")
+    if "?" in folder:
+        return f"'?' in the path starts a URI's query, and MLflow would write outside {folder}"
+    return None
+
+
+def check_record_paths(storage: str, mlflow_uri: str | None) -> str | None:
+    """A study recorded to SQLite (the default, or --mlflow-uri sqlite:...) keeps its MLflow artifacts in
+    its storage folder, and by default its database too: their paths must read the same as URI text."""
+    local = None if store.is_uri(store.absolute(storage)) else store.absolute(storage)
+    if mlflow_uri is None:  # the database: in the storage folder, or ./studies for a bucket
+        folder = local or os.path.abspath("studies")
+        flag = "--storage" if local else "--mlflow-uri (default ./studies/mlflow.db)"
+        why = uri_text_problem(folder)
+    elif local and mlflow_uri.lower().startswith("sqlite:"):  # the artifacts: <storage>/mlartifacts/<name>
+        folder, flag = local, "--storage"
+        why = uri_text_problem(folder.replace("?", ""))  # '?' is fine in an artifact location
+    else:
+        return None
+    if why:
+        return (f"{flag}: {why} (where the study's MLflow record goes); rename the folder, or record to a "
+                "tracking server (--mlflow-uri http://...)")
     return None
 
 
@@ -204,12 +265,12 @@ def check_tracking_server(uri: str) -> str | None:
             reason = "connection refused"
         elif isinstance(e, requests.Timeout):
             reason = f"no answer within {HTTP_TIMEOUT_S:g} s"
-        return f"--mlflow-uri: {uri}: no MLflow tracking server answers there ({reason})"
+        return f"--mlflow-uri: {store.redact(uri)}: no MLflow tracking server answers there ({reason})"
     if answer.status_code in (401, 403):
-        return (f"--mlflow-uri: {uri}: the tracking server refused us (HTTP {answer.status_code}); set "
+        return (f"--mlflow-uri: {store.redact(uri)}: the tracking server refused us (HTTP {answer.status_code}); set "
                 "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD")
     if answer.status_code != 200:
-        return (f"--mlflow-uri: {uri}: not an MLflow tracking server (HTTP {answer.status_code} from "
+        return (f"--mlflow-uri: {store.redact(uri)}: not an MLflow tracking server (HTTP {answer.status_code} from "
                 "/api/2.0/mlflow/experiments/search)")
     return None
 
@@ -219,6 +280,12 @@ def is_local(address: str | None) -> bool:
     """Whether an --address / RAY_ADDRESS value asks for a Ray of our own (`local`, any case or
     padding, quoted; empty; none)."""
     return address is None or address.strip().strip("'\"").strip().lower() in LOCAL_SPELLINGS
+
+
+def trials_run_here(flag_value: str | None) -> bool:
+    """Whether a study's trials run on this machine (the embedded Ray: no cluster address), whose
+    memory then bounds a trial's (study.spec.schema.load_spec)."""
+    return is_local(flag_value if flag_value is not None else os.environ.get("RAY_ADDRESS"))
 
 
 def ray_address(flag_value: str | None) -> str | None:
@@ -288,6 +355,9 @@ def check_flags(args) -> str | None:
         problem = check_mlflow_uri(args.mlflow_uri, network)
     elif store.is_uri(store.absolute(args.storage)):  # the default SQLite store beside the driver
         problem = check_local_folder("--mlflow-uri (default ./studies/mlflow.db)", os.path.abspath("studies"))
+    if problem:
+        return problem
+    problem = check_record_paths(args.storage, args.mlflow_uri)
     if problem:
         return problem
     return check_address(args.address, network)

@@ -25,11 +25,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trial import metrics
 from trial.config import TaskSpec, TrialConfig, selectable_metrics
-from trial.limits import MAX_SEED, Strict, check_plan_size, refuse_non_finite
+from trial.limits import MAX_SEED, Strict, check_plan_size, fits, refuse_non_finite
 from trial.yaml_io import describe_errors, load_yaml
 
 EXTRAPOLATION_METRICS = metrics.EXTRAPOLATION
@@ -108,15 +108,6 @@ class ObjectiveSpec(Strict):
                 "objective.extrapolation: true (the default objective is in-distribution validation)"
             )
         return self
-
-    def rank(self, value: float | None, val_loss: float | None, order) -> tuple:
-        """Sort key of a trial, best first: the objective, ties broken by the lower validation loss,
-        then by `order` (the order the search suggested it: not the trial id, which is random, so
-        the same spec and seed select the same trial); a trial without a value ranks last."""
-        def num(x):
-            return float("inf") if x is None or x != x else float(x)
-        v = num(value if self.mode == "min" or value is None else -value)
-        return (v, num(val_loss), order)
 
 
 class SchedulerSpec(Strict):
@@ -207,7 +198,7 @@ class StudySpec(Strict):
         return grid
 
     @model_validator(mode="after")
-    def _every_point_is_a_valid_trial(self) -> StudySpec:
+    def _every_point_is_a_valid_trial(self, info: ValidationInfo) -> StudySpec:
         if self.scheduler.type == "asha" and self.search is None and self.replicas == 1:
             raise ValueError("scheduler.type: asha needs several trials per cell to compare")
         if self.scheduler.type == "asha" and self.search is not None:
@@ -223,7 +214,7 @@ class StudySpec(Strict):
         check_plan_size(self.grid, self.trials_per_cell, len(points), searched=self.search is not None)
         for cell in self.cells():  # bounded now: the product is not built before the check
             for point, blame in points:
-                self._check_trial(cell, point, blame)
+                self._check_trial(cell, point, blame, bool((info.context or {}).get("trials_run_here")))
         return self
 
     def _no_setting_twice(self) -> None:
@@ -240,6 +231,8 @@ class StudySpec(Strict):
         searched = list(self.search.params) if self.search else []
         paths = [("grid", p) for p in self.grid] + [("search.params", p) for p in searched]
         for where, path in paths:
+            if not all(path.split(".")):
+                raise ValueError(f"{where}: {path!r} is not a dotted path into the trial config")
             root = path.split(".")[0]
             if root == "seed":
                 raise ValueError(f"{where}.{path}: every trial's seed is the study's seed; for several "
@@ -261,9 +254,9 @@ class StudySpec(Strict):
                 raise ValueError(f"{w2}.{p2}: also set by {w1}.{p1}; a setting is either a factor "
                                  "(grid) or searched, once")
 
-    def _check_trial(self, cell: Cell, point: dict[str, Any], blame: str | None) -> None:
-        """Validate the trial config of one cell at one search point; errors name the field, the
-        cell and, for a searched value, the search parameter that produced it."""
+    def _check_trial(self, cell: Cell, point: dict[str, Any], blame: str | None, here: bool) -> None:
+        """Validate the trial config of one cell at one search point and that it fits (`here`: this machine;
+        trial/limits.py); errors name the field, the cell and, for a searched value, its search parameter."""
         where = f" (cell {cell.label})" if cell.factors else ""
         if blame is None:  # the values of base and grid
             prefix = ""
@@ -280,10 +273,9 @@ class StudySpec(Strict):
             if dist.kind in ("uniform", "loguniform") and isinstance(_get_path(cfg, path), int):
                 raise ValueError(f"search.params.{path}: {dist.kind} draws real numbers but {path} is an "
                                  "integer (or a bool); use int: [low, high] or choice")
-        workers = self.resources.workers_per_trial
-        if cfg.optim.batch_size % workers:
-            raise ValueError(f"{prefix}optim.batch_size: {cfg.optim.batch_size} is not divisible by "
-                             f"resources.workers_per_trial {workers}{where}")
+        problem = fits(cfg, self.resources.workers_per_trial, self.resources.gpus_per_worker, here)
+        if problem:
+            raise ValueError(f"{prefix}{problem}{where}")
         self._check_objective(cfg, prefix, where)
 
     def _check_objective(self, cfg: TrialConfig, prefix: str, where: str) -> None:
@@ -388,10 +380,14 @@ def set_path(cfg: dict, path: str, value: Any) -> None:
     node[leaf] = value
 
 
-def load_spec(path: str) -> StudySpec:
+def load_spec(path: str, here: bool = False, overrides: list[str] | None = None) -> StudySpec:
     """Read and validate a study spec; errors name the field (`describe_errors`); an alias bomb is
-    refused before it is loaded (load_yaml)."""
-    return StudySpec.model_validate(load_yaml(path, "a study spec"))
+    refused before it is loaded (load_yaml). `here`: trials run on this machine (its memory bounds theirs).
+    `overrides`: `--set KEY=VALUE` items, set before the spec is validated (study/spec/overrides.py)."""
+    from study.spec import overrides as override
+
+    data = override.apply(load_yaml(path, "a study spec"), overrides or [], override.SPEC_PATH_KEYS)
+    return StudySpec.model_validate(data, context={"trials_run_here": bool(here)})
 
 
 def flat_params(trial_config: dict) -> dict[str, Any]:
