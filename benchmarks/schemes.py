@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     print(tables(table, train_length, header))
     if args.docs:
         # a table per tasks x steps x seeds: a run of other cells adds a table, it does not replace one
-        key = f"schemes_by_task {' '.join(sorted(set(table.task)))} steps {'/'.join(map(str, sorted(steps)))}" + (
+        specs = "schemes_by_task" if not args.specs else " + ".join(p.stem for p in paths)  # the default: both
+        key = f"{specs} {' '.join(sorted(set(table.task)))} steps {'/'.join(map(str, sorted(steps)))}" + (
             f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "")
         write_generated(args.docs, key, ("From the runs saved by `--json` (rebuilt with `--from-json`). "
                                          if args.from_json else "") + tables(table, train_length, header),

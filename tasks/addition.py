@@ -32,8 +32,14 @@ class AdditionTask(Task):
     local_coupling: ClassVar[bool] = True
     default_train_length: ClassVar[int] = 5
 
-    def __init__(self, *, operands: str = "equal", operand_order: str = "msb_first", **common: Any) -> None:
+    def __init__(self, *, operands: str = "equal", operand_order: str = "msb_first", leading_zeros: bool = True,
+                 **common: Any) -> None:
         super().__init__(**common)
+        if not isinstance(leading_zeros, bool):
+            raise TaskParamError("leading_zeros", f"expected true or false, got {leading_zeros!r}")
+        # false: an operand of two or more digits never starts with 0, as the reference implementation
+        # of position coupling draws them (a sum whose operands both start with 0 looks one digit shorter)
+        self.leading_zeros = leading_zeros
         # msb_first as Cho et al. write them; lsb_first as Abacus and FIRE's addition results were measured
         self.operand_order = check_operand_order(operand_order)
         if operands not in OPERAND_DRAWS:
@@ -82,6 +88,10 @@ class AdditionTask(Task):
         sig = np.arange(n_max + 1)[None, :]  # digit significance j; column n_max is the carry-out
         a = rng.integers(0, 10, size=(batch, n_max + 1), dtype=np.int64) * (sig < na)
         b = rng.integers(0, 10, size=(batch, n_max + 1), dtype=np.int64) * (sig < nb)
+        if not self.leading_zeros:  # more draws only then: the default stream is unchanged
+            for digits_of, own in ((a, na), (b, nb)):
+                top = (sig == own - 1) & (own >= 2)
+                digits_of[top] = rng.integers(1, 10, size=int(top.sum()), dtype=np.int64)
         c = np.zeros_like(a)
         carry = np.zeros(batch, dtype=np.int64)
         for j in range(n_max + 1):  # zero digits past n make c_n the carry-out

@@ -127,7 +127,7 @@ def test_a_trials_figure_names_its_task_scheme_budget_and_seed(written, tmp_path
 
 
 def test_the_tracked_series_figure_keeps_its_long_legend_inside(written, tmp_path):
-    """docs/coupling_reference_trajectory.png's cells differ in six model options: the legend that
+    """A tracked-series figure whose cells differ in six model options (the T5-model ablations): the legend that
     tells its lines apart must fit."""
     from benchmarks.coupling import differing
     from benchmarks.trajectory import plot_trajectory, runs_title

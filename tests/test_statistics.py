@@ -84,6 +84,11 @@ def test_a_difference_within_the_sampling_error_is_a_tie_broken_by_the_search_or
     by_loss = smoke(objective={"metric": "val_loss", "mode": "min"})
     assert validation_samples(by_loss, by_loss.cells()[0]) is None
     assert choose(by_loss, [("a", 0.5, 0), ("b", 0.4999, 1)], None).key == "b"
+    # a searched warm-up whose base value alone would not validate (steps 8 < the default warm-up of
+    # 100): the validation samples are still known (a traceback in the report once)
+    searched = smoke(base={**SMOKE["base"], "optim": {"steps": 8, "batch_size": 32}},
+                     search={**SMOKE["search"], "params": {"optim.warmup_steps": {"choice": [0, 2]}}})
+    assert validation_samples(searched, searched.cells()[0]) == 64
     # each worker validates an equal shard: 64 samples over 3 workers are 66
     assert validation_samples(smoke(resources={"workers_per_trial": 3}, base={
         **SMOKE["base"], "optim": {**SMOKE["base"]["optim"], "batch_size": 33}}), spec.cells()[0]) == 66

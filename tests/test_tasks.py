@@ -574,6 +574,24 @@ def test_addition_with_operand_lengths_drawn_independently():
         get_task("addition", operands="ragged")
 
 
+def test_addition_without_leading_zeros_draws_operands_as_the_reference_does():
+    """leading_zeros: false: an operand of two or more digits never starts with 0 (the reference
+    implementation of position coupling), in training and in test cells; leading_zeros: true is the default."""
+    plain = get_task("addition", train_length=5, operands="independent", bos=True)
+    assert get_task("addition", train_length=5, operands="independent", bos=True,
+                    leading_zeros=True).sample(64, rng(2)).tokens.tolist() == plain.sample(64, rng(2)).tokens.tolist()
+    task = get_task("addition", train_length=5, operands="independent", bos=True, leading_zeros=False)
+    train = task.sample(2000, rng(3))
+    longer = [m for m in train.meta if m["length"] >= 2]  # the longer operand is as long as the sample
+    assert longer and not any(m["a"][0] == "0" and m["b"][0] == "0" for m in longer)
+    assert sum(m["a"][0] == "0" and m["b"][0] == "0" for m in plain.sample(2000, rng(3)).meta if m["length"] >= 2) > 50
+    cell = task.sample(500, rng(4), length=10)
+    assert not any(m["a"][0] == "0" or m["b"][0] == "0" for m in cell.meta)
+    assert all(int(m["a"]) + int(m["b"]) == int(a) for m, a in zip(cell.meta, cell.answers))
+    with pytest.raises(TaskParamError, match="leading_zeros"):
+        get_task("addition", leading_zeros="no")
+
+
 @pytest.mark.parametrize("order", ["msb_first", "lsb_first"])
 def test_addition_with_unpadded_operands_writes_each_number_as_long_as_it_is(order):
     """operands: unpadded (the Abacus reference's draws): each operand as many digits as its own

@@ -157,8 +157,11 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
             lambda s: set_path(s["base"], "optim.warmup_steps", steps + rng.randint(1, 10**4)))
     if is_free(raw, "model.d_model") and is_free(raw, "model.n_layers"):
         heads = base_value(raw, "model.n_heads", 4)
-        bad("model-too-big", "model.d_model", lambda s: (
-            set_path(s["base"], "model.d_model", 2048 * heads), set_path(s["base"], "model.n_layers", 1000)))
+        def too_big(s):  # a spec's own head_dim and d_ff would keep the model small: grow them too
+            model = s["base"].setdefault("model", {})
+            model.update(d_model=2048 * heads, n_layers=1000)
+            model.update({k: v for k, v in (("head_dim", 2048), ("d_ff", 8192 * heads)) if k in model})
+        bad("model-too-big", "model.d_model", too_big)
     # a search, checked at every point it can produce
     bad("search-choice-dropout", "model.dropout",
         lambda s: add_search(s, "model.dropout", {"choice": [0.0, rng.choice([1.0, 1.5, 7])]}))

@@ -46,7 +46,7 @@ def test_warm_processes_change_the_time_not_the_metrics(tmp_path):
         for c in children:
             m = c.data.metrics
             assert m["time/train_s"] > 0 and m["time/eval_s"] > 0
-            assert 0 < m["startup/from_schedule_s"] < 120 and m["startup/total_s"] <= m["startup/from_schedule_s"]
+            assert 0 < m["startup/from_schedule_s"] < 900 and m["startup/total_s"] <= m["startup/from_schedule_s"]
             assert not any(k.endswith("_at") for k in m)  # wall-clock stamps are not metrics
 
     # fresh: one process per trial. Warm: Tune keeps a finished trial's actor for the next trial

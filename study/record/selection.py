@@ -40,13 +40,15 @@ def validation_samples(spec: StudySpec, cell: Cell) -> int | None:
     """How many samples the objective of this cell's trials is measured on, where it is a share of
     them (None otherwise): eval.val_samples, rounded up to a multiple of the workers (each takes an
     equal shard, trial/loop.py)."""
-    from trial.config import TrialConfig
+    from trial.config import EvalSpec
 
     if spec.objective.metric not in PER_SAMPLE:
         return None
-    cfg = TrialConfig.model_validate(spec.trial_config(cell, {}, spec.seed))
+    # the eval section alone: without the searched params the rest of the config may not validate
+    # (a searched warm-up, say), and none of them changes how many samples validation draws
+    val_samples = EvalSpec.model_validate(spec.trial_config(cell, {}, spec.seed)["eval"]).val_samples
     workers = spec.resources.workers_per_trial
-    return -(-cfg.eval.val_samples // workers) * workers
+    return -(-val_samples // workers) * workers
 
 
 def choose(spec: StudySpec, scored: list[tuple[Any, float | None, Any]], n: int | None) -> Choice | None:

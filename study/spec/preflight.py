@@ -36,7 +36,7 @@ from trial import storage as store
 from trial.yaml_io import YamlBomb, check_yaml_expansion
 
 CONNECT_TIMEOUT_S = 3.0  # a TCP connect to the Ray cluster's GCS / client server
-HTTP_TIMEOUT_S = 5.0  # a tracking server's answer to one REST call
+HTTP_TIMEOUT_S = 20.0  # a tracking server's answer to one REST call: a busy server's first query can take seconds
 LOCAL_SPELLINGS = {"local", ""}  # Ray's own `address="local"`; RAY_ADDRESS="" is no address
 ENV_HINT = {
     "s3": "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the environment, a profile, or the nodes' instance role",
@@ -258,13 +258,14 @@ def check_tracking_server(uri: str) -> str | None:
         os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() not in ("true", "1")
     try:
         answer = requests.get(url, params={"max_results": 1}, headers=headers, auth=auth, verify=verify,
-                              timeout=HTTP_TIMEOUT_S)
+                              timeout=(CONNECT_TIMEOUT_S, HTTP_TIMEOUT_S))  # no host: 3 s; a slow one: 20
     except requests.RequestException as e:
         reason = type(e).__name__
         if isinstance(e, requests.ConnectionError) and "refused" in str(e).lower():
             reason = "connection refused"
         elif isinstance(e, requests.Timeout):
-            reason = f"no answer within {HTTP_TIMEOUT_S:g} s"
+            reason = f"no connection within {CONNECT_TIMEOUT_S:g} s" if isinstance(
+                e, requests.ConnectTimeout) else f"no answer within {HTTP_TIMEOUT_S:g} s"
         return f"--mlflow-uri: {store.redact(uri)}: no MLflow tracking server answers there ({reason})"
     if answer.status_code in (401, 403):
         return (f"--mlflow-uri: {store.redact(uri)}: the tracking server refused us (HTTP {answer.status_code}); set "
