@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.coupling import (
-    EXTRAPOLATES,
     NoCellMatches,
     add_run_arguments,
     command_line,
@@ -29,6 +28,7 @@ from benchmarks.coupling import (
     run_jobs,
     saved_runs,
 )
+from benchmarks.runs_table import EXTRAPOLATES, FITS
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["schemes_by_task", "schemes_by_task_abacus"]
@@ -52,9 +52,6 @@ LITERATURE = {
     "nope, sequential, abacus": "McLeish et al. 2024: addition trained on 20 digits, up to 99% exact at 100 digits",
     "fire, sequential, abacus": "McLeish et al. 2024: Abacus + FIRE, addition trained on 20 digits, ~99% at 100 digits",
 }
-
-
-FITS = 0.95  # exact match at the train length from which a cell counts as having learned the task
 
 
 @dataclass(frozen=True)

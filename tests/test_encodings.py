@@ -386,7 +386,8 @@ def test_generated_docs_tables_replace_their_own_block_only(tmp_path):
 
 
 def test_benchmark_tables_name_what_differs_and_the_command_that_trains_them():
-    from benchmarks.coupling import command_line, differing
+    from benchmarks.coupling import command_line
+    from benchmarks.runs_table import differing
 
     assert command_line(["a.yaml", "--from-json", "x.json", "y.json", "--docs", "d.md", "--seeds", "3"]) == \
         ["a.yaml", "--seeds", "3"]
@@ -394,6 +395,8 @@ def test_benchmark_tables_name_what_differs_and_the_command_that_trains_them():
                                                                       "d=1,n=3": "n=3"}
     assert differing(["d=1", "d=1,init=t5"]) == {"d=1": "base", "d=1,init=t5": "init=t5"}
     assert differing(["only"]) == {"only": "only"}
+    betas = ["lr=1,betas=[0.9, 0.98],n=2", "lr=2,betas=[0.9, 0.95],n=2"]  # a list value is one factor
+    assert differing(betas) == {betas[0]: "lr=1,betas=[0.9, 0.98]", betas[1]: "lr=2,betas=[0.9, 0.95]"}
 
 
 def test_the_schemes_docs_keep_a_table_per_set_of_tasks(tmp_path):

@@ -129,7 +129,7 @@ def test_a_trials_figure_names_its_task_scheme_budget_and_seed(written, tmp_path
 def test_the_tracked_series_figure_keeps_its_long_legend_inside(written, tmp_path):
     """A tracked-series figure whose cells differ in six model options (the T5-model ablations): the legend that
     tells its lines apart must fit."""
-    from benchmarks.coupling import differing
+    from benchmarks.runs_table import differing
     from benchmarks.trajectory import plot_trajectory, runs_title
 
     cells = ["base", "norm=rms,norm_position=pre_post,ffn=gated_gelu,tie_embeddings=True,attn_scale=none,init=t5",

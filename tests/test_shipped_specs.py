@@ -34,11 +34,15 @@ def shrink(spec: dict) -> dict:
     spec["name"] = f"shrunk_{spec['name']}"
     base = spec.setdefault("base", {})
     searched = spec["search"].get("params", {}) if isinstance(spec.get("search"), dict) else {}
-    base["optim"] = {**base.get("optim", {}), "steps": 4, "batch_size": 4}
-    if "optim.warmup_steps" in searched:  # still searched, within the few steps
-        searched["optim.warmup_steps"] = {"choice": [0, 2]}
+    few = {"steps": 4, "batch_size": 4}
+    if "optim" in spec.get("grid", {}):  # the grid sets whole optim groups: shrink each of them
+        spec["grid"]["optim"] = [{**o, **few, "warmup_steps": 0} for o in spec["grid"]["optim"]]
     else:
-        base["optim"]["warmup_steps"] = 0
+        base["optim"] = {**base.get("optim", {}), **few}
+        if "optim.warmup_steps" in searched:  # still searched, within the few steps
+            searched["optim.warmup_steps"] = {"choice": [0, 2]}
+        else:
+            base["optim"]["warmup_steps"] = 0
     ev = base.setdefault("eval", {})
     ev.update(every_steps=2, samples_per_cell=4, val_samples=4, batch_size=4)
     if "track" in ev:

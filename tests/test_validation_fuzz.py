@@ -244,9 +244,11 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
         deepspeed={"zero_stage": res.get("zero_stage", 0), "bf16": res.get("bf16", False)}))
     if is_free(raw, "model.dropout"):  # not where the grid sets the whole model group
         good("search-dropout", lambda s: add_search(s, "model.dropout", {"uniform": [0.0, 0.2]}))
-    good("search-int-warmup", lambda s: add_search(s, "optim.warmup_steps", {"int": [0, min(20, steps)]}))
+    if is_free(raw, "optim.warmup_steps"):  # not where the grid sets the whole optim group
+        good("search-int-warmup", lambda s: add_search(s, "optim.warmup_steps", {"int": [0, min(20, steps)]}))
     good("name", lambda s: s.update(name="".join(rng.choice("abcXYZ019-_.") for _ in range(100)).strip(".") or "x"))
-    good("betas", lambda s: set_path(s["base"], "optim.betas", [0.0, 0.999]))
+    if is_free(raw, "optim.betas"):
+        good("betas", lambda s: set_path(s["base"], "optim.betas", [0.0, 0.999]))
     local_heads = max([v for p, v in flatten(raw).items() if p.endswith("id_window_heads")] +
                       [v.get("id_window_heads") or 0 for vs in raw.get("grid", {}).values() for v in vs
                        if isinstance(v, dict)] + [1])
@@ -260,8 +262,9 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
         bad("batch-huge", "optim.batch_size", lambda s: set_path(s["base"], "optim.batch_size", 10**9))
     bad("name-reserved", "name", lambda s: s.update(name=rng.choice(["mlflow.db", "MLflow.DB", "mlartifacts",
                                                                     "mlflow.db-wal"])))
-    good("metric-at-end-single-report", lambda s: (
-        s.update(objective={"metric": final, "mode": "max"}), set_path(s["base"], "eval.every_steps", steps)))
+    if is_free(raw, "optim.steps"):  # the one report comes at the base's steps
+        good("metric-at-end-single-report", lambda s: (
+            s.update(objective={"metric": final, "mode": "max"}), set_path(s["base"], "eval.every_steps", steps)))
     return cases + yaml_cases(name, path.read_text(), rng)
 
 
