@@ -324,8 +324,11 @@ def trial_cases(path: Path, rng: random.Random) -> list[Case]:
         ("eval.lengths", [*raw["eval"]["lengths"], raw["eval"]["lengths"][0]]),
     ]:
         bad(p, p, lambda c, p=p, value=value: set_path(c, p, value))
-    bad("model-too-big", "model.n_layers", lambda c: c["model"].update(
-        d_model=2048 * c["model"].get("n_heads", 4), n_layers=1000))
+    def too_big(c):  # a config's own head_dim and d_ff would keep the model small: grow them too
+        heads = c["model"].get("n_heads", 4)
+        c["model"].update(d_model=2048 * heads, n_layers=1000)
+        c["model"].update({k: v for k, v in (("head_dim", 2048), ("d_ff", 8192 * heads)) if k in c["model"]})
+    bad("model-too-big", "model.n_layers", too_big)
     if task in NO_K_TASKS:
         bad("ks-without-k-axis", "eval.ks", lambda c: set_path(c, "eval.ks", [1, 2]))
     good("betas", lambda c: set_path(c, "optim.betas", [0.0, 0.999]))
@@ -350,8 +353,9 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
     def section(name, **kw):  # replaces an analysis section: its other fields take their defaults
         return lambda c: c.update({name: kw})
 
-    def heads_that_do_not_divide(c):
+    def heads_that_do_not_divide(c):  # with its own head_dim any count fits, so the config loses it
         d_model = c["model"]["d_model"]
+        c["model"].pop("head_dim", None)
         c["model"]["n_heads"] = next(h for h in range(3, 99) if d_model % h)
 
     return [
