@@ -57,8 +57,9 @@ LITERATURE = {
 @dataclass(frozen=True)
 class FieldClaim:
     """A known result of the field, checked at the first test length >= 2x train: `scheme` on `task`
-    scores `metric` >= `at_least` (mean over seeds), or above `above` on every seed (the paired
-    differences' range excludes zero, not 0.02 over 0.00). Only cells that fit the task in
+    scores `metric` >= `at_least` (mean over seeds), or above `above` by more than two standard errors
+    of the paired difference (so not 0.02 over 0.00, nor one sample of 256) on every seed where both
+    fit, at least two. Only cells that fit the task in
     distribution (exact >= FITS at the train length) are compared: a cell that did not says nothing
     about its scheme, and the claim fails with that figure."""
 
@@ -88,8 +89,14 @@ def _spread(values) -> str:
     return f"{values.mean():.2f} [{values.min():.2f}-{values.max():.2f}]"
 
 
-def judge(claim: FieldClaim, table, train_length: int) -> tuple[bool | None, str]:
-    """(holds, the figures): None when a cell it needs was not run."""
+def sampling_margin(mine, other, samples: int):
+    """Two standard errors of the difference of two rates each measured on `samples` test samples
+    (per sample: for a per-token rate, which has more trials, it is the cautious side)."""
+    return 2 * ((mine * (1 - mine) + other * (1 - other)) / samples) ** 0.5
+
+
+def judge(claim: FieldClaim, table, train_length: int, samples: int) -> tuple[bool | None, str]:
+    """(holds, the figures): None when a cell it needs was not run. `samples`: test samples per cell."""
     schemes = [claim.scheme] + ([claim.above] if claim.above else [])
     cells = {s: table[(table.task == claim.task) & (table.scheme == s)] for s in schemes}
     if any(c.empty for c in cells.values()) or claim.metric not in table:
@@ -104,17 +111,24 @@ def judge(claim: FieldClaim, table, train_length: int) -> tuple[bool | None, str
     mine = runs[claim.scheme]
     if claim.above is None:
         return bool(mine.mean() >= claim.at_least), f"{claim.scheme} {_spread(mine)} >= {claim.at_least}? at {at}"
+    # a run that did not fit says nothing beyond the train length: pair only the runs where both fit
+    fit = [c[c.length == train_length].groupby(["seed", "data_seed"], dropna=False).exact_match.mean() >= FITS
+           for c in cells.values()]
     difference = (mine - runs[claim.above]).dropna()
-    holds = len(difference) > 0 and bool(difference.min() > 0)
+    paired = difference[fit[0].reindex(difference.index, fill_value=False)
+                        & fit[1].reindex(difference.index, fill_value=False)]
+    above = paired > sampling_margin(mine, runs[claim.above], samples).reindex(paired.index)
+    holds = len(paired) >= min(2, len(difference)) > 0 and bool(above.all())
     return holds, (f"{claim.scheme} {_spread(mine)} vs {claim.above} {_spread(runs[claim.above])} at {at}, "
-                   f"paired difference {_spread(difference)}")
+                   f"paired difference {_spread(difference)}, above 2 standard errors (n={samples}) on "
+                   f"{int(above.sum())}/{len(paired)} runs where both fit (of {len(difference)})")
 
 
-def check_field_claims(table, train_length: int) -> list[str]:
+def check_field_claims(table, train_length: int, samples: int) -> list[str]:
     """Print `claim <name>: holds (...)` / `fails (...)` / `not run` for each; returns the failures."""
     failures = []
     for claim in FIELD_CLAIMS:
-        holds, figures = judge(claim, table, train_length)
+        holds, figures = judge(claim, table, train_length, samples)
         verdict = "not run" if holds is None else ("holds" if holds else "fails")
         line = f"claim {claim.name}: {verdict}" + ("" if holds is None else f" ({claim.metric}: {figures})")
         print(f"{line}  [{claim.source}]")
@@ -265,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
                                          if args.from_json else "") + tables(table, train_length, header),
                         argv=command_line(argv))
     print()
-    failures = check_field_claims(table, train_length)
+    samples = min(TrialConfig.model_validate(j["trial"]).eval.samples_per_cell for j in unique)
+    failures = check_field_claims(table, train_length, samples)
     print(f"\n{len(unique)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
         Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "failures": failures}, indent=1))

@@ -311,8 +311,8 @@ def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_se
     """benchmarks/schemes.py, "which scheme extrapolates where": a row per scheme, a column per task,
     2x / 3x and the runs that reach 0.95 at 2x; a cell below 0.95 exact at the train length reads
     "did not fit" and fails every claim that needs it; a claim that one scheme beats another holds
-    only when every seed's paired difference is above zero; a claim whose cells were not run is not
-    judged."""
+    only when every seed's paired difference is above two standard errors of it (one sample in 256 is
+    not a result); a claim whose cells were not run is not judged."""
     import pandas as pd
 
     from benchmarks.schemes import (
@@ -343,18 +343,30 @@ def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_se
     tokens = scheme_table(good, train_length=8, metric="answer_token_acc")
     assert "| learned, randomized | 0.91 / 0.91 |" in tokens and "| learned, sequential | 0.50 / 0.50 |" in tokens
     claim = {c.name: c for c in FIELD_CLAIMS}
-    assert judge(claim["randomized_reversal_exact"], good, 8)[0] is True
-    assert judge(claim["randomized_reversal_tokens"], good, 8)[0] is True
-    assert judge(claim["coupled_multiplication"], good, 8) == (None, "not run")
-    assert check_field_claims(good, 8) == []  # the rest not run: not failures
+    assert judge(claim["randomized_reversal_exact"], good, 8, 256)[0] is True
+    assert judge(claim["randomized_reversal_tokens"], good, 8, 256)[0] is True
+    assert judge(claim["coupled_multiplication"], good, 8, 256) == (None, "not run")
+    assert check_field_claims(good, 8, 256) == []  # the rest not run: not failures
     one_seed_below = table((1.0, 0.5, 0.0), (0.0, 0.0, 0.1))  # the mean is above, one seed is not
-    holds, figures = judge(claim["randomized_reversal_exact"], one_seed_below, 8)
-    assert holds is False and "paired difference 0.47 [-0.10-1.00]" in figures
+    holds, figures = judge(claim["randomized_reversal_exact"], one_seed_below, 8, 256)
+    assert holds is False and "paired difference 0.47 [-0.10-1.00]" in figures and "on 2/3 runs" in figures
+    by_a_sample = table((0.04, 0.03, 1 / 256), (0.0, 0.0, 0.0))  # above on every seed, by one sample on one
+    holds, figures = judge(claim["randomized_reversal_exact"], by_a_sample, 8, 256)
+    assert holds is False and "above 2 standard errors (n=256) on 2/3 runs where both fit (of 3)" in figures
+    assert judge(claim["randomized_reversal_exact"], by_a_sample, 8, 25_600)[0] is True  # 100 samples of 25,600
+    one_unfit = by_a_sample.copy()  # the run won by one sample did not fit: it is left out of the pairs
+    one_unfit.loc[(one_unfit.scheme == "learned, randomized") & (one_unfit.seed == 2) & (one_unfit.length == 8),
+                  "exact_match"] = 0.9
+    holds, figures = judge(claim["randomized_reversal_exact"], one_unfit, 8, 256)
+    assert holds is True and "on 2/2 runs where both fit (of 3)" in figures
+    one_unfit.loc[(one_unfit.scheme == "learned, sequential") & (one_unfit.seed == 1) & (one_unfit.length == 8),
+                  "exact_match"] = 0.9
+    assert judge(claim["randomized_reversal_exact"], one_unfit, 8, 256)[0] is False  # one pair left: too few
     unfit = table((1.0, 0.5, 0.97), (0.0, 0.0, 0.0), fit=(1.0, 0.40))
     assert "| learned, sequential | did not fit (0.40) |" in scheme_table(unfit, 8)
-    holds, figures = judge(claim["randomized_reversal_exact"], unfit, 8)
+    holds, figures = judge(claim["randomized_reversal_exact"], unfit, 8, 256)
     assert holds is False and figures == "learned, sequential did not fit (0.40 exact at 8)"
-    assert any("did not fit" in f for f in check_field_claims(unfit, 8))
+    assert any("did not fit" in f for f in check_field_claims(unfit, 8, 256))
 
 
 def test_benchmark_cells_pick_by_whole_label_or_part():
