@@ -24,7 +24,7 @@ import pytest
 import yaml
 from test_study import ENV, ROOT, mlflow_runs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # beyond its run's own 1,500 s bound
 
 SHIPPED = sorted(p for p in (ROOT / "search_spaces").glob("*.yaml") if p.stem != "smoke")  # smoke: test_study
 
