@@ -10,6 +10,11 @@ from study.record.report import EXTRAPOLATES  # the benchmarks count runs as the
 FITS = 0.95  # exact match at the train length from which a run counts as having learned the task
 
 
+def per_run(group, length: int, metric: str = "exact_match"):
+    """A row's `metric` at one length, a value per run (seed, data seed), its ks averaged."""
+    return group[group.length == length].groupby(["seed", "data_seed"], dropna=False)[metric].mean()
+
+
 def counted_at(lengths, train_length: int) -> int | None:
     """The length the runs column counts at: the shortest test length >= 2x train (None: none is)."""
     return min((n for n in lengths if n >= 2 * train_length), default=None)
@@ -20,19 +25,15 @@ def extrapolating(group, train_length: int) -> str:
     ks), as "n/N"; "-" without such a length."""
     if (at_length := counted_at(group.length.unique(), train_length)) is None:
         return "-"
-    at = group[group.length == at_length]
-    runs = at.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
+    runs = per_run(group, at_length)
     return f"{int((runs >= EXTRAPOLATES).sum())}/{len(runs)}"
 
 
 def fitting(group, train_length: int) -> str:
     """How many runs of a row reach FITS at the train length, as "n/N"; "-" when it was not tested. Beyond
     the train length a run that did not fit says nothing about its scheme."""
-    at = group[group.length == train_length]
-    if at.empty:
-        return "-"
-    runs = at.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
-    return f"{int((runs >= FITS).sum())}/{len(runs)}"
+    runs = per_run(group, train_length)
+    return f"{int((runs >= FITS).sum())}/{len(runs)}" if len(runs) else "-"
 
 
 def factors(label: str) -> list[str]:

@@ -28,7 +28,7 @@ from benchmarks.coupling import (
     run_jobs,
     saved_runs,
 )
-from benchmarks.runs_table import EXTRAPOLATES, FITS
+from benchmarks.runs_table import EXTRAPOLATES, FITS, per_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["schemes_by_task", "schemes_by_task_abacus"]
@@ -106,14 +106,12 @@ def judge(claim: FieldClaim, table, train_length: int, samples: int) -> tuple[bo
     if unfit:
         return False, "; ".join(unfit)
     at = min(n for n in cells[claim.scheme].length.unique() if n >= 2 * train_length)
-    runs = {s: c[c.length == at].groupby(["seed", "data_seed"], dropna=False)[claim.metric].mean()
-            for s, c in cells.items()}
+    runs = {s: per_run(c, at, claim.metric) for s, c in cells.items()}
     mine = runs[claim.scheme]
     if claim.above is None:
         return bool(mine.mean() >= claim.at_least), f"{claim.scheme} {_spread(mine)} >= {claim.at_least}? at {at}"
     # a run that did not fit says nothing beyond the train length: pair only the runs where both fit
-    fit = [c[c.length == train_length].groupby(["seed", "data_seed"], dropna=False).exact_match.mean() >= FITS
-           for c in cells.values()]
+    fit = [per_run(c, train_length) >= FITS for c in cells.values()]
     difference = (mine - runs[claim.above]).dropna()
     paired = difference[fit[0].reindex(difference.index, fill_value=False)
                         & fit[1].reindex(difference.index, fill_value=False)]
@@ -173,8 +171,7 @@ def scheme_table(table, train_length: int, metric: str = "exact_match") -> str:
                 continue
             means = " / ".join(f"{cell[cell.length == n][metric].mean():.2f}" for n in far)
             if metric == "exact_match":
-                at = cell[cell.length == far[0]] if far else cell
-                runs = at.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
+                runs = per_run(cell, far[0]) if far else cell.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
                 means += f" ({int((runs >= EXTRAPOLATES).sum())}/{len(runs)})"
             values.append(means)
         lines.append(f"| {scheme} | " + " | ".join(values) + f" | {LITERATURE.get(scheme, '')} |")
