@@ -1,29 +1,13 @@
 """How sparse is real text? The loss gap L_short - L_long and how much of it k tokens recover.
 
-For a target token t with L_bar tokens of context (after Golowich et al. 2025, Figures 4-5):
-- L_long:             loss on t with all L_bar previous tokens visible;
-- L_short:            only the last L tokens visible;
-- L_short,sparse(k):  the last L tokens plus k chosen earlier tokens J_1..J_k visible.
-Gap recovered(k) = (L_short - L_short,sparse(k)) / (L_short - L_long).
-
-"Visible" is enforced for the whole computation, not only at the target's query: every token keeps
-attending to itself, and no token may attend to a hidden one, so nothing about a hidden token
-reaches the target through another position in a deeper layer. Each visibility pattern is one row
-of a batch (the model's `visible` mask), so the analysis is bounded by model compute.
-
-Choosing the k tokens (`method`):
-- greedy:    add, k times, the earlier token whose unmasking lowers the loss most (k x C rows)
-- gain:      rank earlier tokens by their gain when unmasked alone on top of the short window (C rows)
-- occlusion: rank earlier tokens by the loss when each alone is masked from the full context (C rows)
-- attention: rank earlier tokens by the target query's attention mass in a full-context pass (1 row)
-C = L_bar - L candidates per target. greedy and gain build up from the short window, so they cannot
-find tokens that matter only together (an xor: no one bit of a parity moves its loss); occlusion
-takes them away from the full context one at a time, where each such token matters alone.
-
-Two ways to take a token away (the scorers): `TargetScorer` hides it from attention (the paper's
-truncation); `ResampleScorer` redraws its value inside its task's value class and scores the mixture
-prediction, so the model is ignorant of the value but the sample keeps its structure (analysis/sparsity.py
-says when each is right).
+For a target token with L_bar tokens of context (after Golowich et al. 2025, Figures 4-5), L_long is
+its loss with all of them visible, L_short with only the last L, and L_short,sparse(k) with the last
+L plus k chosen earlier tokens; gap recovered(k) = (L_short - L_short,sparse(k)) / (L_short - L_long).
+"Visible" holds for the whole computation (the model's `visible` mask, one batch row per pattern).
+The k tokens are chosen by `method` (greedy, gain, occlusion, attention), and a token is taken away
+by a scorer: `TargetScorer` hides it from attention, `ResampleScorer` redraws its value inside its
+task's value class. The definitions, the methods and what each can find: docs/loss_gap.md, "The
+analysis"; when each scorer is right: docs/sparsity.md.
 """
 
 from __future__ import annotations

@@ -3,23 +3,12 @@
 Per target token (an answer or scratchpad token of a synthetic task, a text token of `lm`): take
 the context away (L_short), give back the k tokens a method ranks first (L_short,sparse(k)) for
 k = 1..k_max, and record the smallest k that recovers `recover` (90%) of the gap L_short - L_long,
-with the positions it chose. Synthetic tasks plant the answer: `meta["deps"]` lists the tokens each
-target depends on, so the meter reports whether its k equals the planted k and the precision and
-recall of its chosen tokens against the planted ones. The machinery is analysis/loss_gap.py's.
-
-How a token is taken away (`ablation`) decides what is measured:
-- `hide` (the paper's truncation; the only choice for text): the token leaves attention. A model
-  then answers for a *shorter sample*, which for an xor is another valid input: the parity of the
-  B's still visible. Hiding every marked 0 changes nothing and one visible B already answers "1",
-  so on sparse_parity the hidden-token meter finds k = 1 or no gap at all, whatever the planted k
-  (measured; docs/sparsity.md).
-- `resample` (synthetic tasks; the default there): the token's value is redrawn inside its value
-  class (`Task.value_classes`: 0 <-> 1, A <-> B), `draws` times, and the loss is that of the
-  mixture prediction. The sample keeps its structure (a marked bit stays marked), so the model is
-  ignorant of the value, which is what "depends on" means for the planted k.
-Short window: with `resample` nothing stays by default (L = 0: the token that predicts the target is
-a candidate too, so a scratchpad step counts its previous step); with `hide` the predicting token
-always sees itself (L = 1 on synthetic tasks, 32 on text).
+with the positions it chose. Where a synthetic task plants the answer (`meta["deps"]`), the meter
+reports whether its k equals the planted k and the precision and recall of its chosen tokens. A
+token is taken away by `hide` (it leaves attention: the paper's truncation, the only choice for
+text) or `resample` (its value is redrawn inside its value class: the default on synthetic tasks).
+The machinery is analysis/loss_gap.py's. Why hiding cannot find a parity's plant, the short window
+each ablation keeps, and what the meter measured: docs/sparsity.md.
 """
 
 from __future__ import annotations

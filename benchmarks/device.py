@@ -4,18 +4,11 @@
     benchmarks/device_check.sh OUT [DEADLINE_S]          # there: install them, then `run`
     python -m benchmarks.device run --out OUT --deadline-s 530 [--shrink]
 
-`run` does, in order, each step in a process of its own with what is left of the deadline:
-1. the versions it runs with (Python, torch, CUDA, the GPU, DeepSpeed, pydantic);
-2. P5 (benchmarks/suite.py): bf16 tokens/s and MFU at d 1024, 12 layers, T 2048 under ZeRO-2,
-   against the card's measured matmul rate, with a profile of a step;
-3. one trial of the default study's first cell through `python -m study.train` (a smoke check);
-4. the reference's small configuration of coupled addition
-   (search_spaces/coupling_reference_scale_small.yaml, seed 0, data seed 0) at its full budget, or
-   at the largest budget that fits what is left (a short calibration run says how fast a step is),
-   with the best and last checkpoints scored at 1x, 1.6x and 2x.
-It writes `device.json`, `reference_eval.csv`, `reference_progress.csv`, `smoke_eval.csv` and
-`log.txt` to OUT, and a step stopped at the deadline keeps what it wrote. `--shrink` rehearses the
-same plan on a CPU in a minute or two (tiny dims, a few steps): tests/test_device_check.py.
+`run` does each step (the versions, P5 of benchmarks/suite.py, one smoke trial, the reference's
+small configuration of coupled addition) in a process of its own with what is left of the
+deadline, and writes `device.json`, the CSVs and `log.txt` to OUT; a step stopped at the deadline
+keeps what it wrote. `--shrink` rehearses the same plan on a CPU (tests/test_device_check.py). The
+steps, the files and what the check measured: docs/gpu.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """MLflow at scale for a person: a study of N trials in a PostgreSQL-backed `mlflow server`, read
-back by `search_runs` and on the UI's runs page in headless Chromium (README, "A 1,000-trial study
-in the UI").
+back by `search_runs` and on the UI's runs page in headless Chromium (docs/cluster.md, "A
+1,000-trial study in the UI").
 
     python -m benchmarks.mlflow_ui --runs 1000 --json FILE
     python -m benchmarks.mlflow_ui --from-sqlite studies/mlflow.db --experiment NAME [--runs N] --json FILE
 
-PostgreSQL and `mlflow server --workers 1` as benchmarks/postgres.py starts them, artifacts in a
-local folder (none are logged: the runs page reads none). The experiment is filled through the
-server as study/record/tracking.py fills it: a parent run and N FINISHED children tagged
-`mlflow.parentRunId`, with the tracker's tags, params and metric names (synthetic_study), or, with
-`--from-sqlite`, a real study's parent run and children copied from a SQLite store (sqlite_study).
-Under "mlflow_ui" in the JSON: the record's shape, fill_s, search_runs_* / children_search_*
-(search_figures), page_* / sorted_* / filtered_* (the page dumped as opened, sorted by `val_exact`,
-filtered by `tags.mlflow.parentRunId`: page_figures), browse_* (a person's clicks through
-Chromium's DevTools protocol: browse_figures), and the load average before and after.
+The experiment is filled through the server as study/record/mlflow/recorder.py fills it
+(synthetic_study), or copied from a real study's SQLite store (sqlite_study); the page is dumped
+as opened, sorted and filtered (page_figures) and clicked through (browse_figures). How the server
+runs, the keys under "mlflow_ui" in the JSON, and the figures: docs/cluster.md.
 """
 
 from __future__ import annotations
@@ -41,7 +36,8 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from benchmarks import postgres
-from study.record.tracking import PARENT_TAG, TRIAL_TAG
+from study.record.mlflow.experiment import PARENT_TAG
+from study.record.mlflow.recorder import TRIAL_TAG
 
 THREADS, WINDOW = 4, "1280,4000"
 UNAVAILABLE = 3  # the exit status where PostgreSQL cannot be started here (the message says why)
@@ -67,8 +63,8 @@ SOURCE = {"mlflow.source.name": "study/run.py", "mlflow.source.type": "LOCAL", "
 
 def synthetic_study(n: int, seed: int = 0) -> tuple[dict, list[dict]]:
     """(parent, children), each {"name", "tags", "params", "metrics": [(key, value, step)], "start",
-    "end"}: what study/record/tracking.py records of a study of len(CELLS) cells and n trials."""
-    from study.record.trial_record import extrapolation_metrics
+    "end"}: what study/record/mlflow/recorder.py records of a study of len(CELLS) cells and n trials."""
+    from study.record.mlflow.trial_runs import extrapolation_metrics
     from trial.metrics import CATALOGUE
 
     rng = random.Random(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from study.record.report import EXTRAPOLATES  # the benchmarks count runs as the study does
+from study.results.tables import EXTRAPOLATES  # the benchmarks count runs as the study does
 
 FITS = 0.95  # exact match at the train length from which a run counts as having learned the task
 

@@ -3,65 +3,12 @@
     python -m benchmarks.suite --only P6 [--trials 100 300 [1000]] [--nodes 2] [--p6-profile DIR] --json FILE
     python -m benchmarks.scale [--trials 6] [--nodes 2] [--json FILE]        # the same, P6 alone
 
-A `ray.cluster_utils.Cluster` (a head with no CPUs for trials, plus M worker nodes of `--node-cpus`
-logical CPUs each; every node a real raylet on this machine, on 127.0.0.1, in a Ray temp dir of
-its own) runs a generated study of N trials whose training is near zero (2 steps of a 1-layer
-d_model 8/16 model, an 8-sample evaluation): 4 grid cells x N/4 Optuna (TPE) trials, 1 worker of
-`--trial-cpus` (0.5) CPU per trial, so C = M x node_cpus / trial_cpus trials run at once. The
-study is run by `study/run.py --space SPEC --storage DIR --mlflow-uri sqlite:///... --address
-CLUSTER`, as a user runs it, so Tune, Optuna, MLflow, the snapshots and the report are the real
-ones. What a trial does costs next to nothing; what is measured is everything around it.
-
-Per N, under "P6" -> "N" (JSON):
-
-- driver_overhead_ms_per_trial = 1000 x (W - T / C) / N, where W (study_wall_s) is the driver's wall
-  time from its "ray: cluster at" line (it has joined the cluster) to its exit (all trials, the
-  report, MLflow's closing records), T (trial_s_sum) is the sum over trials of Tune's `time_total_s`
-  of the trial's last result (the time the trial function ran, by the trial process's own clock,
-  first-trial imports and process group included), and C the concurrency (max_concurrent_trials,
-  which the cluster fits exactly). It is the wall time per trial the study spends outside trials,
-  had the C trial slots been kept busy: scheduling, callbacks (MLflow, progress lines), snapshots,
-  searcher, Tune's bookkeeping, the report. `steady_ms_per_trial` is the same over the middle of
-  the study only (from the N/4-th to the 3N/4-th finished line: no start-up, no closing), and
-  `interval_ms_first_quarter` / `interval_ms_last_quarter` the mean wall time between two finished
-  lines in the first and last quarter of the study: a cost that grows with the trials already run
-  shows as a last quarter slower than the first.
-- driver_cpu_ms_per_trial: the driver process's CPU time (user + system, all its threads, from
-  getrusage at its exit) divided by N: the driver's work per trial, which a busy machine stretches
-  far less than wall time (the wall-time figures here move by 1.5x with the machine's load, which
-  `load_avg_1m` gives before and after each study).
-- first_trial_s: from launching the driver to its first "finished" line (first_trial_started_s:
-  to its first "started" line).
-- mlflow_calls_per_trial / mlflow_s_per_trial: the driver's calls of `MlflowClient` methods (the
-  outermost ones only: `log_text` calling `log_artifact` is one call) and the wall time inside
-  them, over the whole driver run, divided by N. Counted in the driver process by wrapping the
-  class's public methods before `study/run.py` runs (`python benchmarks/scale.py --driver STATS --
-  study/run.py ARGS`); the study's code is not changed. `mlflow_store_calls_per_trial` counts the
-  calls that reach the tracking store (SqlAlchemyStore methods: what a tracking server would see as
-  requests); `mlflow_by_method` lists each method's calls and seconds.
-- snapshot_s_per_trial (Tune's experiment-state save and upload, `TuneController.checkpoint`,
-  plus study/experiment/snapshots.py's read-back `in_storage` and one-object copy `mark_complete`),
-  tracker_s_per_trial (the StudyTracker's Tune hooks, MLflow calls included), searcher_s_per_trial
-  (CellSearcher: suggest, results, save): where the overhead goes.
-- state_bytes: the Tune experiment state in the study folder once it finished: the files at the
-  top of `<study>/tune` (experiment_state-*.json, searcher-state-*.pkl, search_gen_state-*.json,
-  tuner.pkl, last-complete-snapshot.json), which every snapshot writes whole; `state_files` by name,
-  `tune_dir_bytes` the whole folder (trial folders and checkpoints too).
-- resume_s: a second study of the same spec (its own storage and MLflow store) is started, its
-  driver killed (SIGKILL by default: no chance to save) once N/2 trials printed "finished", then
-  `--resume`d: from launching the resumed driver to its first "started" line.
-  resume_first_new_s: to the first "started" line of a trial the killed driver never started;
-  resume_restore_s: of that, the time in `restore_complete_snapshot` and `Tuner.restore` (reading
-  the study back), the rest being the driver's start and a new driver's cold trial processes.
-  The resumed study then runs to the end and is checked: `rerun_trials` counts trials finished
-  (MLflow FINISHED) before the kill that ran again (a second report in their result.json; 0
-  expected), `restarted_trials` those the killed driver had started and the resumed one started
-  again (unfinished ones: expected), and `results_trials` / `mlflow_runs` / `mlflow_finished` count
-  trial ids in results.csv and child runs in MLflow (N expected).
-- report_s: `python -m study.report <study folder> --out DIR` on the finished study.
-
-`--p6-profile DIR` also runs the first study's driver under cProfile (DIR/driver-N.prof) and puts its
-20 costliest functions (cumulative) in the JSON.
+A `ray.cluster_utils.Cluster` of M worker nodes runs a generated study of N trials whose training
+is near zero, through `study/run.py --address CLUSTER` as a user runs it, so Tune, Optuna, MLflow,
+the snapshots and the report are the real ones. What a trial does costs next to nothing; what is
+measured is everything around it. The cluster, the study, every key under "P6" -> "N" in the JSON
+(driver overhead, MLflow calls, snapshots, state size, the kill and resume, the report) and how
+each is measured: docs/scale.md, "How P6 measures".
 """
 
 from __future__ import annotations
@@ -85,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "study" / "run.py"
 NAME = "p6"
-# a progress line of study/record/progress.py: "[0:12] finished train_length=6,d_model=8 #8f545 (search: ...)"
+# a progress line of study/experiment/progress.py: "[0:12] finished train_length=6,d_model=8 #8f545 (search: ...)"
 PROGRESS = re.compile(r"^\[[\d:]+\] (started|finished|stopped|FAILED)\s+(\S+) #(\S+) \(")
 ENDED = ("finished", "stopped", "FAILED")
 STATE_FILE = re.compile(r"^(experiment_state|search_gen_state|searcher-state|callback-states|basic-variant-state)-")
@@ -135,14 +82,14 @@ class SimulatedCluster:
     def __init__(self, nodes: int, node_cpus: float, log: Path):
         self.tmp = tempfile.mkdtemp(prefix="p6r", dir="/tmp")  # short: Ray's socket paths are limited
         token = secrets.token_hex(32)
-        # RAY_AUTH_TOKEN: Ray 2.60 turns token authentication on and would otherwise write
+        # RAY_AUTH_TOKEN: Ray turns token authentication on and would otherwise write
         # ~/.ray/auth_token; the driver needs the same token to join
         self.env = {**os.environ, "RAY_TMPDIR": self.tmp, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
                     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # every node on 127.0.0.1 (study/run.py)
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                     # the venv's ninja first, as study/run.py does for its own Ray: trials JIT-load DeepSpeed's
                     # comm op, and a second ninja takes the first one's build log as stale and rebuilds it
-                    # (~40 s per cold trial, and again for every other user of the shared build cache)
+                    # (in every cold trial, and again for every other user of the shared build cache)
                     "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]),
                     "PYTHONUNBUFFERED": "1"}
         self.env.pop("RAY_ADDRESS", None)
@@ -579,16 +526,16 @@ def _instrument(stats: dict) -> None:
 
     from study.experiment import tuning
     from study.experiment.search import CellSearcher
-    from study.record.tracking import StudyTracker
+    from study.record.mlflow.recorder import MlflowRecorder
 
     wrap(tune.Tuner, "restore", "timers", "tune.Tuner.restore")  # what --resume reads back
     wrap(tuning, "restore_complete_snapshot", "timers", "snapshots.restore_complete_snapshot")
-    wrap(StudyTracker, "__init__", "timers", "tracker.init")
+    wrap(MlflowRecorder, "study_started", "timers", "tracker.init")  # a resume finds its runs here
 
-    for name in ("on_trial_start", "on_trial_result", "on_checkpoint", "on_trial_complete", "on_trial_error",
-                 "snapshot_stored", "reconcile", "record_selection", "finish"):
-        if hasattr(StudyTracker, name):
-            wrap(StudyTracker, name, "timers", f"tracker.{name}", outermost=False)
+    for name in ("trial_started", "trial_result", "trial_checkpoint", "trial_done", "trial_error",
+                 "snapshot_stored", "reconcile", "selection", "study_finished"):
+        if hasattr(MlflowRecorder, name):
+            wrap(MlflowRecorder, name, "timers", f"tracker.{name}", outermost=False)
     for name in ("suggest", "on_trial_result", "on_trial_complete", "save", "restore"):
         if name in vars(CellSearcher):
             wrap(CellSearcher, name, "timers", f"searcher.{name}", outermost=False)

@@ -5,18 +5,11 @@
     python -m benchmarks.sparsity --json sparsity.json             # keep the table
     python -m benchmarks.sparsity --study studies/default --docs docs/sparsity.md   # a study's table
 
-For each seed it trains a sparse_parity model (learned ids with random shift) and a parity_scratchpad
-model (coupled ids) in-process, then runs the meter of analysis/sparsity.py with every ranking method
-and both ablations on held-out targets (the training mix, or the `--length` / `--k` cell), and
-prints per (task, method, ablation) how often the measured k equals the planted k, the precision and
-recall of the chosen tokens, and how many targets had no gap. The README's claim is checked for
-every seed whose model reached 99% in distribution: occlusion with resampling recovers the plant
-(k_match, precision and recall >= 0.9); the command exits 1 if it does not.
-
-With `--study` it trains nothing: it reads a finished study whose spec has a `sparsity:` section (a
-folder, a bucket prefix or an MLflow experiment, as `python -m study.report` reads it) and prints,
-per cell, the selected config's extrapolation over its seeds beside what the meter measured in its
-trials; `--docs PAGE` writes that table into the page (benchmarks/docs.py).
+Per seed it trains a sparse_parity and a parity_scratchpad model in-process, runs the meter of
+analysis/sparsity.py with every ranking method and both ablations, prints how often it finds the
+planted k, and exits 1 if occlusion with resampling does not recover the plant. With `--study` it
+trains nothing and prints (with `--docs PAGE`, writes) a finished study's table. What it trains,
+prints and checks, and the figures: docs/sparsity.md.
 """
 
 from __future__ import annotations
@@ -76,7 +69,7 @@ def study_table(spec, results) -> str:
     K_train) and beyond K_train, as mean [min-max], and the sparsity meter's figures, means over the seeds."""
     import pandas as pd
 
-    from study.record.report import seed_runs, select
+    from study.results.tables import seed_runs, select
 
     def spread(values) -> str:
         v = values.dropna()

@@ -1,26 +1,15 @@
 """The platform's speed, as ratios measured side by side in one run (this machine is shared and noisy).
 
-    python -m benchmarks.suite                      # P1-P4 here, P5 where CUDA is present (~6 min on 2 cores)
+    python -m benchmarks.suite                      # P1-P4 here, P5 where CUDA is present
     python -m benchmarks.suite --only P1 P4 --json bench.json
     python -m benchmarks.suite --compare old.json   # print the ratios next to an earlier run's
 
-- P1 the model's training step, tokens/s against Hugging Face `LlamaForCausalLM` at equal dims
-  and equal non-embedding parameters, per positional encoding, interleaved in one process; and the
-  model's achieved GFLOP/s as a fraction of a plain fp32 matmul of its own MLP's shape.
-- P2 trial start: from Tune scheduling a trial to its first training step, by stage (process
-  start, imports, task, model, `deepspeed.initialize`, first step), for 1- and 2-worker trials.
-- P3 the share of a study's wall time (after Ray has started) spent inside train and eval steps.
-- P4 KV-cached generation against re-running the whole sequence per token at 1x, 2x, 4x the train
-  length; and each task's data generation time as a share of a training step.
-- P5 (CUDA only) bf16 tokens/s and MFU at d_model 1024, 12 layers, T 2048 under DeepSpeed ZeRO-2 on
-  one GPU, eager and `torch.compile`d.
-- P6 (only when named: `--only P6 [--trials N ...] [--nodes M] [--p6-profile DIR]`) the study platform
-  at scale: N near-zero trials on a simulated M-node Ray cluster through study/run.py, per N the
-  driver's overhead per trial, first trial, MLflow calls and seconds per trial, the experiment
-  state's size, a resume after killing the driver at N/2, the report (benchmarks/scale.py).
-
-Every ratio is a median over interleaved repeats. Results go to stdout and, with --json, to a file
-a later run can be compared with (--compare).
+P1 the model's training step against Hugging Face Llama, P2 trial start, P3 the share of a study in
+train and eval steps, P4 KV-cached generation and data generation, P5 (CUDA only) bf16 tokens/s and
+MFU under DeepSpeed ZeRO-2, P6 (only when named: `--only P6`) the study platform at scale
+(benchmarks/scale.py). Every ratio is a median over interleaved repeats. Results go to stdout and,
+with --json, to a file a later run can be compared with (--compare). What each part measures, and
+its figures: docs/speed.md (P1-P5) and docs/scale.md (P6).
 """
 
 from __future__ import annotations

@@ -64,12 +64,12 @@ def plot_trajectory(series, path: str, title: str = "", labels: dict[str, str] |
     the attention margin (trained-distance keys over untrained ones); a line per cell, mean over
     seeds with the seeds' range shaded. `title` names the runs (specs, task, budget, seeds), `labels`
     each cell as the docs' table does (default: its factors); one legend under the panels, inside the
-    figure; a PDF beside the PNG (study/record/figures.py)."""
+    figure; a PDF beside the PNG (study/results/figures.py)."""
     import textwrap
 
     import pandas as pd
 
-    from study.record.figures import FigureText, save, wrapped_figure, wrapped_legend
+    from study.results.figures import FigureText, save, wrapped_figure, wrapped_legend
 
     frame = pd.DataFrame(series)
     lengths = sorted({int(c.split("/")[1][3:]) for c in frame.columns if c.startswith("track/len")})

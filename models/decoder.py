@@ -1,29 +1,15 @@
 """A small pre-norm decoder-only transformer that always takes explicit position ids.
 
 The positional *encoding* (how an id enters the model) is an object of the registry
-models/encodings (nope, learned, rope, alibi, fire, t5_bias, one module each): the model asks it for
-an input embedding, a rotation of queries and keys and a score bias, and compares no names. *Which*
-id each token gets is decided outside (models/positions.py), so every scheme is encoding x ids.
-`abacus` adds a learned embedding of each digit's place in its number (the task says which token is
-which digit: forward's `digit_places`), on top of any encoding.
-
-Predictive Position Coupling (PPC) adds a position head that predicts the id of the *next* token:
-- absolute: a class per id (0..max_position-1);
-- delta:    a class per offset from the current id;
-- pointer:  a pointer over the context: the next id is the id of the token the head points at, or
-            the current id + 1 (one extra choice). `pointer` scans the keys nearest id first and
-            stops at the first that fires, so "the nearest token of this kind after my id" is
-            found at any distance; `pointer_softmax` scores them with a softmax and a learned bias
-            linear in the id distance (PointerHead).
-
-The reference implementation of position coupling (a T5 decoder) differs from GPT-2's defaults in
-ways that are each a field here, off by default: `init: t5` (T5's projection init, no biases, so
-attention logits start near std 1), `head_dim` apart from d_model / n_heads, `norm_position: pre_post`
-(the norm also after each residual add), `ffn: gated_gelu` and `tie_embeddings` (readout tied to the
-token table, its input scaled by d_model^-1/2).
-
-ModelConfig is the one declaration of the model's fields and defaults: the trial config's `model`
-and `positional` groups fill it by name (trial/config.py) and add the bounds a config is checked on.
+models/encodings: the model asks it for an input embedding, a rotation of queries and keys and a
+score bias, and compares no names. *Which* id each token gets is decided outside
+(models/positions.py), so every scheme is encoding x ids; `abacus` adds a learned embedding of each
+digit's place in its number on top of any encoding. Predictive Position Coupling (PPC) adds a
+position head that predicts the id of the next token (absolute, delta, pointer, pointer_softmax).
+The reference implementation's T5-style choices are fields here, off by default. ModelConfig is the
+one declaration of the model's fields and defaults: the trial config's `model` and `positional`
+groups fill it by name (trial/config.py). The encodings and abacus: README, "Positional scheme =
+encoding x ids"; the position head and the reference's options: docs/trial.md.
 """
 
 from __future__ import annotations

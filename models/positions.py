@@ -11,15 +11,7 @@ Tasks supply coupled ids; a scheme decides what the model sees in training and a
 | predicted    | as coupled; the model also learns the next id   | task's ids / its own prediction |
 | randomized   | a sorted random sample of [0, max_position)     | the same, drawn afresh / its tail |
 
-Offsets and skips keep every id below `max_position`, so ids up to the longest test length are
-trained even though training sequences are short (random shift as in position coupling, PoSE as in
-Zhu et al. 2024). Randomized positions are Ruoss et al. 2023's (google-deepmind/
-randomized_positional_encodings): the T positions of a sequence are T distinct ids drawn from
-[0, max_position) and sorted, in training *and at test*, as the reference does (its encodings draw
-from the rng whatever the mode, and its range evaluation passes a fresh key each batch); generated
-tokens take the tail of the sample drawn for the whole sequence.
-
-The encoding half is models/encodings (one module per encoding, registered by name).
+How offsets, skips and randomized samples stay below `max_position`: docs/trial.md, "Position ids".
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ import sys
 
 import pandas as pd
 
-from study.record.figures import describe
-from study.record.report import SHOWN, cell_mean_range, select
 from study.report import read_study
+from study.results.figures import describe
+from study.results.tables import SHOWN, cell_mean_range, select
 from study.spec.schema import StudySpec, flatten
 
 

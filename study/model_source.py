@@ -22,7 +22,7 @@ def add_model_source(parser, hf_help: str) -> None:
 
 def checkpoint_of_run(uri: str, run_id: str):
     """(MlflowClient, run id, checkpoint folder) for the CLIs' --mlflow-run: a trial run's
-    `checkpoint` tag (study/record/tracking.py) is where its model was stored."""
+    `checkpoint` tag (study/record/mlflow/recorder.py) is where its model was stored."""
     from mlflow.tracking import MlflowClient
 
     checkpoint = tagged_checkpoint(uri, run_id)  # a ValueError naming --mlflow-run or --mlflow-uri

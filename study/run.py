@@ -29,6 +29,7 @@ from study.plan import (  # noqa: E402
     plan_lines,
     read_cluster,
 )
+from study.record.recorder import RECORDERS, RecordRefused, recorder_class  # noqa: E402
 from study.spec.schema import StudySpec, load_spec  # noqa: E402
 
 # DeepSpeed JIT-builds its CPU op with the `ninja` on PATH; the venv's (pip's) one first, for the
@@ -40,15 +41,8 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM, stopped the same way
 
-# Local means local: everything the embedded study starts listens on 127.0.0.1. Ray 2.60 binds each
-# listener of a node (GCS, raylet, object manager, core workers, dashboard agent, runtime-env agent,
-# metrics servers) to the node's IP, and to 127.0.0.1 only when that IP is loopback;
-# `ray.init(_node_ip_address="127.0.0.1")` is turned back into the LAN IP. This switch
-# (ray_constants.ENABLE_RAY_CLUSTER, off by default on macOS and Windows: a local-only Ray) makes it
-# loopback; Ray reads it when imported and every Ray process inherits it, so it is set before ray is
-# imported, for the embedded Ray only. Process groups: trial/session.py (the one-rank group), start_ray
-# in study/experiment/tuning.py (gloo and NCCL of N-worker trials on the loopback interface) and
-# study/ray_compat.py's loopback_torch_config (their rendezvous, rank 0's TCPStore, on 127.0.0.1).
+# Local means local: with this switch (Ray's local-only mode) every listener of the embedded Ray is
+# on 127.0.0.1; Ray reads it when imported, so it is set before ray is imported (docs/cluster.md).
 LOCAL_ONLY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -60,6 +54,8 @@ def parse_args(argv):
                         "gs://bucket/prefix")
     p.add_argument("--mlflow-uri", help="tracking URI (default sqlite:///<storage>/mlflow.db; for a bucket "
                                         "sqlite:///./studies/mlflow.db, its artifacts in the bucket)")
+    p.add_argument("--recorder", default="mlflow", choices=sorted(RECORDERS),
+                   help="where the study is recorded (study/record/recorder.py; default mlflow, at --mlflow-uri)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study")
     p.add_argument("--verbose", action="store_true", help="also print Tune's status tables")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
@@ -72,32 +68,17 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def closing_lines(spec: StudySpec, selected, summary, files: list[str], tracking_uri: str,
-                  experiment: str | None = None) -> list[str]:
+def closing_lines(spec: StudySpec, selected, summary, files: list[str], recorder) -> list[str]:
     """The end of a study in the terminal: per cell the selected config (and how a tie was broken),
     its mean [min-max] over seeds, accuracy per k_test at the longest test length, the
-    files written, and where MLflow shows it (the UI with this venv's `mlflow`, and a deep link
-    to the runs table)."""
-    from mlflow.tracking import MlflowClient
-
-    from study.record.report import summary_lines
-    from study.record.tracking import RECORDING_ERRORS, runs_link
+    files written, and where the record shows it (the recorder's `where`)."""
+    from study.results.tables import summary_lines
 
     lines = summary_lines(spec, selected, summary) + ["files:"] + [f"  {f}" for f in files]
     try:
-        exp = MlflowClient(tracking_uri).get_experiment_by_name(experiment or spec.name)
-        link = runs_link(tracking_uri, exp.experiment_id)
-    except (*RECORDING_ERRORS, AttributeError):  # AttributeError: no such experiment (None)
+        return lines + recorder.where()
+    except recorder.errors:
         return lines
-    if tracking_uri.startswith("http"):
-        return lines + [f"MLflow:  {link}"]
-    import shlex
-
-    from trial.storage import redact
-
-    mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")  # a command to paste: quoted
-    return lines + [f"MLflow:  {shlex.quote(mlflow_bin)} ui --backend-store-uri {shlex.quote(redact(tracking_uri))}",
-                    f"         then open {link}"]
 
 
 def local_shortfall(spec: StudySpec) -> str | None:
@@ -151,14 +132,15 @@ def run_command(args) -> int:
         pin_extension_builds()  # the trials' build folder and ninja, inherited by the embedded Ray
         os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
     tracking_uri = _tracking_uri(args, storage, study_dir)
-    experiment = _checked_record(spec, study_dir, tracking_uri, stored)
-    selected, summary, files, failed, unrecorded = _run_locked(args, spec, study_dir, tracking_uri, address,
-                                                               concurrency, stored)
-    print("\n".join(closing_lines(spec, selected, summary, files, tracking_uri, experiment)))
+    recorder = recorder_class(args.recorder)
+    _checked_record(recorder, spec, study_dir, tracking_uri, stored)
+    (selected, summary, files, failed, unrecorded), recorder = _run_locked(args, spec, study_dir, recorder, tracking_uri,
+                                                                            address, concurrency, stored)
+    print("\n".join(closing_lines(spec, selected, summary, files, recorder)))
     chosen = set(selected["cell"]) if "cell" in selected else set()
     unselected = [c.label for c in spec.cells() if c.label not in chosen]
     if unrecorded:
-        print(f"error: mlflow: {unrecorded}", file=sys.stderr)
+        print(f"error: {args.recorder}: {unrecorded}", file=sys.stderr)
     if not failed and not unselected:
         return 1 if unrecorded else 0
     lines = [f"error: {len(failed)} trial(s) failed:"] if failed else ["error:"]
@@ -244,11 +226,11 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
 
 
 def _check_lock_file(study_dir: str) -> None:
-    """A driver.lock that is not one (study/record/lock.py reads a JSON object; an empty file is a driver
+    """A driver.lock that is not one (study/experiment/lock.py reads a JSON object; an empty file is a driver
     killed mid-write, which it takes over) is refused: nothing can say whose it is."""
     import json
 
-    from study.record.lock import FILE
+    from study.experiment.lock import FILE
     from trial import storage as store
 
     path = store.join(study_dir, FILE)
@@ -263,21 +245,13 @@ def _check_lock_file(study_dir: str) -> None:
                    "nothing was changed. If no driver runs this study, delete the file and run again") from None
 
 
-def _checked_record(spec: StudySpec, study_dir: str, tracking_uri: str, stored) -> str | None:
-    """The MLflow experiment the study records to (study/record/identity.py), checked before Ray starts:
-    one that cannot be used (deleted) is refused here, not in a traceback once the cluster runs."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    from study.record import identity as ident
-
+def _checked_record(recorder, spec: StudySpec, study_dir: str, tracking_uri: str, stored) -> str | None:
+    """The record the study would use, checked before Ray starts (the recorder's `check`): one that
+    cannot be used (a deleted experiment) is refused here, not in a traceback once the cluster runs."""
     try:
-        return ident.study_experiment(MlflowClient(tracking_uri), spec, ident.artifact_root(
-            study_dir, tracking_uri, spec.name), stored)[1]
-    except ident.RecordRefused as e:
-        raise StudyExit(EXIT_BAD_INPUT, f"error: mlflow: {e}") from None
-    except (MlflowException, OSError):  # not answering now: the tracker waits for it (study/record/tracking.py)
-        return None
+        return recorder.check(spec, study_dir, tracking_uri, stored)
+    except RecordRefused as e:
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {recorder_name(recorder)}: {e}") from None
     except Exception as e:  # a SQLite store on a full disk raises neither: say so, as a study does
         from trial import storage as store
 
@@ -301,20 +275,27 @@ def _tracking_uri(args, storage: str, study_dir: str) -> str:
     return args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
 
 
-def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
+def recorder_name(recorder) -> str:
+    """The name a recorder class is registered under, for error lines."""
+    path = f"{recorder.__module__}:{recorder.__name__}"
+    return next((name for name, where in RECORDERS.items() if where == path), recorder.__name__)
+
+
+def _run_locked(args, spec: StudySpec, study_dir: str, recorder, tracking_uri: str, address: str | None,
                 concurrency: int | None, stored):
-    """run_study under the study's driver lock; each way a study stops early becomes a StudyExit."""
+    """run_study under the study's driver lock, recording with an instance of `recorder`; returns
+    its results and the recorder. Each way a study stops early becomes a StudyExit."""
+    from study.experiment.lock import StudyLocked, driver_lock
     from study.experiment.tuning import Terminated, run_study
     from study.record import identity as ident
-    from study.record.lock import StudyLocked, driver_lock
     from trial import storage as store
 
     try:
         with driver_lock(study_dir):
             identity = stored if args.resume else ident.create(spec, study_dir)
             print("\n".join(plan_lines(spec, concurrency)), flush=True)
-            return run_study(spec, study_dir, tracking_uri, address, concurrency, args.resume, args.verbose,
-                             identity)
+            record = recorder(spec, tracking_uri, study_dir, identity)
+            return run_study(spec, study_dir, record, address, concurrency, args.resume, args.verbose), record
     except StudyLocked as e:  # before anything of the study was touched
         raise StudyExit(EXIT_BAD_INPUT, f"error: {e}") from None
     except store.StorageError as e:  # the storage stopped answering (study/experiment/snapshots.py): stopped, resumable

@@ -1,21 +1,11 @@
 """Text corpora for the `lm` task: load documents, split them by document, hold them as byte ids.
 
 A corpus is a list of documents (name, UTF-8 bytes) in a deterministic order, capped at
-`max_bytes` of document text. It is split into train/validation *by document*: a document goes
-to validation when a stable hash of (split_seed, its name) falls under `val_fraction`, so the
-split never depends on the order, the machine or PYTHONHASHSEED, and no document straddles the
-two splits. Each split is its documents' bytes concatenated with `<eos>` between documents, as
-one uint16 array of token ids (byte b -> id b + BYTE_OFFSET).
-
-Sources (`corpus`):
-  "stdlib"            the running interpreter's standard-library `.py` files (no download)
-  a folder            files under it matching `glob` (default `**/*.txt`), sorted by relative path
-  a `.jsonl` file     one JSON object per line, text in `text_field`
-  "hf:<name|path>"    `datasets.load_dataset(name, hf_config, split=hf_split)`, or `load_from_disk`
-                      for a folder written by `save_to_disk` (`datasets` is optional, imported lazily)
-
-Loaded corpora are cached per process (keyed by the source and split parameters), so building
-the task again is cheap. The cache does not notice files changing on disk during a process.
+`max_bytes` of document text, split into train/validation *by document* by a stable hash of
+(split_seed, its name), so the split never depends on the order, the machine or PYTHONHASHSEED.
+Each split is one uint16 array of token ids (byte b -> id b + BYTE_OFFSET). Sources (`corpus`):
+"stdlib", a folder, a `.jsonl` file, or "hf:<name|path>". Loaded corpora are cached per process.
+The split, each source's parameters and the cache: docs/tasks.md, "Text corpora".
 """
 
 from __future__ import annotations

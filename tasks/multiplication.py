@@ -2,28 +2,14 @@
 `NxMMultiplicationDatasetWithCoupledPositions`, run as N x 2 in scripts/Nx2multiplication).
 
 length = N, the first operand's digits; k = M, the second operand's (1 <= M <= N), fixed at
-`train_k` (2: the reference's N x 2) unless `min_k` asks for a range. As in the reference, the
-operands are written most significant digit first, the second one zero-padded to M digits, and the
-product least significant digit first, zero-padded to N + M digits:
+`train_k` (2: the reference's N x 2) unless `min_k` asks for a range:
 
     a_{N-1} .. a_0 `*` b_{M-1} .. b_0 `=` c_0 .. c_{N+M-1} `<eos>`
 
-Ids, the reference's layout: digits of equal significance share one id, significance j -> j + 1,
-and `*`, `=` take the id below significance 0 (0 here; the reference counts down from its `=`, with
-significance j at `=` - 1 - j: the mirror image, as for addition). `<eos>` gets N + M + 1. Unlike the
-reference, a's top digit may be 0 (every digit is uniform, as in `addition`).
-
-c_j = (P_j + carry_j) mod 10 with P_j = sum_i a_{j-i} b_i. The carry is below sum_i b_i <= 9M, so
-with w digits such that 10^w >= 9M (w = 2 for 2 <= M <= 11) the w product digits below place j fix
-it: 10^w carry_j + sum_l 10^(w-l) c_{j-l} = sum_l 10^(w-l) P_{j-l} + carry_{j-w}, l = 1..w, with
-0 <= carry_{j-w} < 10^w, so carry_j = ceil(sum_l 10^(w-l) (P_{j-l} - c_{j-l}) / 10^w). meta["deps"]
-of c_j: the a_i and b_i with j - w <= i + i' <= j, and c_{j-w} .. c_{j-1}; `<eos>` none.
-
-Locality (Golowich et al.'s Definition 4.1): c_j is predicted by c_{j-1} (or `=`), id j, which finds the a digits at offsets
-2 - w - M .. +1 and the earlier product digits at 1 - w .. 0, whatever N: local in a and in the
-product. But b_0 .. b_{M-1} keep ids 1 .. M while the predicting token's id grows with j, so their
-offsets grow with the length: the coupling is *not* local (b must be found by content, as the M
-digits between `*` and `=`), and the task says so.
+Digits of equal significance share one id (significance j -> j + 1; `*`, `=`: 0; `<eos>`: N + M + 1).
+The coupling is local in a and in the product, not in b, whose digits keep ids 1 .. M and are found
+by content. The layout, the carry that fixes which digits each product digit depends on
+(meta["deps"]) and the locality argument: docs/tasks.md, "Multiplication".
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The code's shape, checked: the layers import one way, no module imports itself back through
-others (imports inside functions count), modules stay short enough to read, and Ray's private names
-live in one module.
+others (imports inside functions count), modules and their docstrings stay short enough to read, and
+Ray's private names live in one module.
 
 Layers, lowest first: tasks and models, then trial (one trial), then analysis (after training), then
 study (many trials, and the commands). A module may import its own layer and the layers below; inside
-study, its jobs are layered the same way (ray_compat, spec, record, experiment, the commands).
+study, its jobs are layered the same way (ray_compat, spec, results, record, experiment, the commands).
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def test_imports_point_down_the_layers():
 
 
 # study's jobs, lowest first (study/__init__.py): each may import its own and the ones before it
-STUDY_JOB = {"study.ray_compat": 0, "study.spec": 1, "study.record": 2, "study.experiment": 3}
-COMMANDS = 4  # the modules directly in study/: run, train, report, loss_gap, sparsity, model_source
+STUDY_JOB = {"study.ray_compat": 0, "study.spec": 1, "study.results": 2, "study.record": 3, "study.experiment": 4}
+COMMANDS = 5  # the modules directly in study/: run, train, report, loss_gap, sparsity, model_source
 
 
 def study_job(module: str) -> int:
@@ -139,6 +139,22 @@ def test_modules_are_short_enough_to_read():
         if lines > MAX_LINES and rel not in LONG_MODULES:
             long[rel] = lines
     assert not long, f"over {MAX_LINES} lines without a reason in LONG_MODULES: {long}"
+
+
+MAX_DOCSTRING_LINES = 15
+
+
+def test_module_docstrings_are_short():
+    """A module's docstring says what it is for and where to read more; definitions, figures and
+    history belong in docs/."""
+    long = {}
+    benchmarks = {f"benchmarks.{p.stem}": p for p in (ROOT / "benchmarks").glob("*.py")}
+    for _name, path in {**modules(), **benchmarks}.items():
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        lines = doc.count("\n") + 1 if doc else 0
+        if lines > MAX_DOCSTRING_LINES:
+            long[str(path.relative_to(ROOT))] = lines
+    assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines (move the rest to docs/): {long}"
 
 
 PRIVATE_RAY = re.compile(r"ray\.\w+(\.\w+)*\._\w+|ray\._\w+|\._(local_tuner|delete_fs_path|checkpoint_manager)\b"

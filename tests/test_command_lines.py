@@ -12,7 +12,7 @@ import pytest
 from test_figures import made_up_results
 from test_study import ROOT
 
-from study.record.report import report_from_results
+from study.results.tables import report_from_results
 from study.spec.schema import load_spec
 
 COMMANDS = ["study.run", "study.train", "study.report", "study.compare", "study.loss_gap", "study.sparsity",

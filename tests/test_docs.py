@@ -111,7 +111,7 @@ def recorded_smoke_study(folder: Path) -> Path:
     """A study folder as `study/run.py` leaves it, from the smoke study's recorded results.csv."""
     import pandas as pd
 
-    from study.record.report import report_from_results
+    from study.results.tables import report_from_results
     from study.spec.schema import load_spec
 
     report_from_results(load_spec(str(ROOT / "search_spaces/smoke.yaml")),
@@ -151,7 +151,7 @@ def test_the_sparsity_table_refuses_what_it_cannot_write(tmp_path, capsys):
     import pandas as pd
 
     from benchmarks import sparsity
-    from study.record.report import report_from_results
+    from study.results.tables import report_from_results
     from study.spec.schema import load_spec
 
     page = tmp_path / "page.md"

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 from test_study import ROOT
 
-from study.record.report import report_from_results
+from study.results.tables import report_from_results
 from study.spec.schema import load_spec
 from trial.config import TrialConfig
 
@@ -114,7 +114,7 @@ def test_a_studys_figures_have_a_title_readable_labels_chance_and_every_text_ins
 
 
 def test_a_trials_figure_names_its_task_scheme_budget_and_seed(written, tmp_path):
-    from study.record.figures import plot_trial
+    from study.results.figures import plot_trial
 
     config = yaml.safe_load((ROOT / "search_spaces" / "trials" / "sparse_parity.yaml").read_text())
     records = [{"length": n, "k": k, "ids": "sequential", "answer_acc": 1.0 if n <= 20 else 0.6}
@@ -152,7 +152,7 @@ def test_the_analyses_figures_say_what_was_measured(written, tmp_path):
     """The loss gap's scatter and the sparsity meter's histogram, as a study logs them for a trial."""
     from analysis.loss_gap import plot_gap
     from analysis.sparsity import plot_k
-    from study.record.figures import trial_title
+    from study.results.figures import trial_title
 
     config = yaml.safe_load((ROOT / "search_spaces" / "trials" / "sparse_parity.yaml").read_text())
     gaps = pd.DataFrame({"k": [1, 1, 2, 2], "L_short": [2.0, 1.5, 2.2, 1.0], "L_long": [0.5, 0.4, 0.6, 0.3],

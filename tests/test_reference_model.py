@@ -144,8 +144,8 @@ def test_coupling_tables_count_the_runs_that_fit_and_those_that_extrapolate_per_
 def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
     import pandas as pd
 
-    from study.record.report import summarize_seeds
-    from study.record.trial_record import extrapolation_metrics
+    from study.record.mlflow.trial_runs import extrapolation_metrics
+    from study.results.tables import summarize_seeds
     from study.spec.schema import StudySpec
 
     records = [{"length": n, "k": None, "ids": "coupled", "answer_acc": acc, "exact_match": acc,

@@ -20,8 +20,8 @@ from conftest import debian_package
 from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
 
 from study.experiment.search import CellSearcher
-from study.record.report import results_frame, select, spread, summarize_seeds
-from study.record.selection import standard_error
+from study.results.selection import standard_error
+from study.results.tables import results_frame, select, spread, summarize_seeds
 from study.spec.schema import StudySpec
 from trial.loop import summarize
 
@@ -278,7 +278,7 @@ def test_results_rows_follow_the_plan_not_the_order_tune_returns_trials_in():
 def test_flat_length_metrics_stay_bounded_as_the_grid_grows():
     """A 40-length x 10-k grid gives at most 8 x 4 flat acc_at_len keys, the shortest and longest
     lengths and the smallest and largest k among them; the curves keep every cell."""
-    from study.record.trial_record import extrapolation_metrics
+    from study.record.mlflow.trial_runs import extrapolation_metrics
 
     records = [{"length": n, "k": k, "ids": "predicted", "answer_acc": 0.5, "exact_match": 0.5}
                for n in range(10, 410, 10) for k in range(1, 11)]

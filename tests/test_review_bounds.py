@@ -17,12 +17,12 @@ import yaml
 
 from study import run as run_cli
 from study import train as train_cli
+from study.spec.plan_bounds import MAX_CELLS, MAX_TRIALS, MAX_VALIDATED_CONFIGS
 from study.spec.preflight import load_yaml_mapping
 from tasks import __main__ as tasks_cli
 from tasks import get_task
 from tasks.base import MAX_SYMBOLS
 from tasks.corpus import JSONL_LINE_SLACK, MAX_CORPUS_BYTES, clear_cache, load_documents
-from trial.limits import MAX_CELLS, MAX_TRIALS, MAX_VALIDATED_CONFIGS
 from trial.yaml_io import MAX_YAML_BYTES, MAX_YAML_DEPTH
 
 ROOT = Path(__file__).resolve().parents[1]

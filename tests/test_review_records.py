@@ -44,15 +44,18 @@ def refused(argv: list[str], capsys, named: str) -> str:
 
 
 def tracker(tmp_path: Path, location: str, artifacts: str, uri: str | None = None):
-    """A StudyTracker (no Ray needed to make one) of the smoke spec for a study at `location`."""
+    """The MLflow recorder (no Ray needed to make one) of the smoke spec for a study at `location`,
+    its study started."""
     from study.record.identity import StudyIdentity
-    from study.record.tracking import StudyTracker
+    from study.record.mlflow.recorder import MlflowRecorder
     from study.spec.schema import load_spec
 
     spec = load_spec(SMOKE)
     ident = StudyIdentity(f"{abs(hash((location, artifacts))):032x}", location, "2026-01-01T00:00:00+00:00",
                           spec.model_dump(mode="json"))
-    return StudyTracker(spec, uri or f"sqlite:///{tmp_path}/mlflow.db", artifacts, ident)
+    recorder = MlflowRecorder(spec, uri or f"sqlite:///{tmp_path}/mlflow.db", location, ident, artifacts)
+    recorder.study_started()
+    return recorder
 
 
 # --- 1. a quote in a path ------------------------------------------------------------------------------
@@ -71,14 +74,15 @@ def test_a_quote_in_the_study_location_finds_its_own_parent_again(tmp_path, fold
 
 # --- 2. identity never by name alone ---------------------------------------------------------------------
 def test_a_tracker_without_an_identity_never_adopts_another_studys_parent(tmp_path):
-    from study.record.tracking import StudyTracker
+    from study.record.mlflow.recorder import MlflowRecorder
     from study.spec.schema import load_spec
 
     other = tracker(tmp_path, str(tmp_path / "a" / "smoke"), str(tmp_path / "a" / "mlartifacts" / "smoke"))
     other.client.set_terminated(other.parent_id, "FAILED")
     before = other.client.get_run(other.parent_id)
-    anonymous = StudyTracker(load_spec(SMOKE), f"sqlite:///{tmp_path}/mlflow.db",
-                             str(tmp_path / "a" / "mlartifacts" / "smoke"), None)
+    anonymous = MlflowRecorder(load_spec(SMOKE), f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "a" / "smoke"),
+                               None, str(tmp_path / "a" / "mlartifacts" / "smoke"))
+    anonymous.study_started()
     assert anonymous.parent_id != other.parent_id
     after = other.client.get_run(other.parent_id)
     assert (after.info.status, after.data.tags) == (before.info.status, before.data.tags)
@@ -261,14 +265,15 @@ def test_a_result_recorded_again_after_its_answer_was_lost_is_one_point_per_step
     import time
     from types import SimpleNamespace
 
+    from study.experiment.recording import trial_info
     from study.experiment.search import CellSearcher
-    from study.record.tracking import StudyTracker
+    from study.record.mlflow.recorder import MlflowRecorder
 
     t = tracker(tmp_path, str(tmp_path / "studies" / "smoke"), str(tmp_path / "studies" / "mlartifacts" / "smoke"))
     config = CellSearcher(t.spec, {"workers_per_trial": 1}).suggest("t0")
-    trial = SimpleNamespace(trial_id="abc_00000", config=config)
-    # a backlog entry as the hook holds it: the hook, its arguments, when it happened
-    held = (StudyTracker.on_trial_result.__wrapped__, (0, [], trial, {"step": 20, "val_loss": 0.5}), {}, time.time())
+    trial = trial_info(SimpleNamespace(trial_id="abc_00000", config=config))
+    # a backlog entry as the event holds it: the event, its arguments, when it happened
+    held = (MlflowRecorder.trial_result.__wrapped__, (trial, {"step": 20, "val_loss": 0.5}), {}, time.time())
     for _ in range(2):  # taken, then replayed because its answer was lost
         t.backlog.append(held)
         t.flush()

@@ -110,14 +110,14 @@ def test_resume_with_a_tampered_snapshot_exits_2_naming_the_file_and_changes_not
 # --- 6. the driver lock: atomic takeover, liveness that containers sharing a host name do not fool --------
 KILLED_HOLDER = """
 import os, signal, sys
-from study.record.lock import driver_lock
+from study.experiment.lock import driver_lock
 with driver_lock(sys.argv[1]):
     print("holding", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # a driver killed: its lock stays behind
 """
 RACER = """
 import sys, time
-from study.record.lock import StudyLocked, driver_lock
+from study.experiment.lock import StudyLocked, driver_lock
 start = float(sys.argv[2])
 while time.time() < start:  # every racer tries at the same moment
     pass
@@ -186,7 +186,7 @@ def test_a_lock_whose_holder_cannot_be_seen_from_here_is_not_taken_over(where, h
     may be a live driver there. A holder this process cannot look up is taken to be alive."""
     import socket
 
-    from study.record.lock import StudyLocked, driver_lock, this_driver
+    from study.experiment.lock import StudyLocked, driver_lock, this_driver
     from trial import storage
 
     study_dir = str(tmp_path / "study") if where == "folder" else "s3://studies/unseen/study"

@@ -15,8 +15,8 @@ import pytest
 from test_study import SMOKE
 
 from study.experiment.search import CellSearcher
-from study.record.report import select, summarize_seeds, summary_lines
-from study.record.selection import choose, standard_error, validation_samples
+from study.results.selection import choose, standard_error, validation_samples
+from study.results.tables import select, summarize_seeds, summary_lines
 from study.spec.schema import StudySpec
 from trial import metrics
 

@@ -103,7 +103,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused_the_lock(s3, monkeyp
     the first's lock, both run the study (docs/records.md)."""
     import boto3
 
-    from study.record.lock import StudyLocked, driver_lock
+    from study.experiment.lock import StudyLocked, driver_lock
 
     monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     boto3.setup_default_session()
@@ -120,7 +120,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused_the_lock(s3, monkeyp
 
 
 def test_a_store_that_honours_them_still_gives_the_lock(s3):
-    from study.record.lock import StudyLocked, driver_lock
+    from study.experiment.lock import StudyLocked, driver_lock
 
     with driver_lock("s3://studies/honours/smoke"):
         with pytest.raises(StudyLocked, match="is being run by"):
@@ -192,7 +192,7 @@ def gcs(monkeypatch):
 
 
 def test_a_gcs_lock_is_created_and_taken_over_once(gcs):
-    from study.record import lock
+    from study.experiment import lock
 
     path = "gs://bucket/studies/smoke/driver.lock"
     assert lock.put_version(path, b"first", None)
@@ -207,7 +207,7 @@ def test_a_gcs_lock_is_created_and_taken_over_once(gcs):
 
 
 def test_a_gcs_driver_lock_refuses_a_second_driver(gcs):
-    from study.record.lock import StudyLocked, driver_lock
+    from study.experiment.lock import StudyLocked, driver_lock
 
     with driver_lock("gs://bucket/studies/smoke"):
         holder = json.loads(gcs.objects["bucket/studies/smoke/driver.lock"][0])

@@ -46,7 +46,7 @@ MODEL_FIELD_NAMES = {"model.embed_init_std": "tok_init_std", "positional.init_st
 @lru_cache(maxsize=1024)
 def _parameters_of_layers(one_layer: ModelConfig) -> tuple[int, int]:
     """(parameters of the 1-layer model, parameters of each further layer), from models of 1 and 2
-    layers built on the meta device (no memory; ~8 ms, hence the cache)."""
+    layers built on the meta device (no memory, but a build per config a spec validates: hence the cache)."""
     with torch.device("meta"):
         one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(one_layer, n_layers=n)).parameters())
                     for n in (1, 2))

@@ -42,7 +42,7 @@ Analysis = Callable[..., tuple[dict, dict]]
 class StageClock:
     """A trial's start-up, stage by stage (`startup/{stage}_s`), from entering the loop to the end
     of its first training step (`startup/total_s`). `startup/first_step_at` is that moment's wall
-    time: the driver adds the time from scheduling the trial to it (study/record/tracking.py)."""
+    time: the driver adds the time from scheduling the trial to it (study/record/mlflow/recorder.py)."""
 
     def __init__(self):
         self.t = time.time()

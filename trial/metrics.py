@@ -3,7 +3,7 @@ kind of number it is.
 
 - `every`: in every report (validation, every `eval.every_steps`), so a scheduler can stop on it;
 - `end`: in the last report only (the length grid's summary and the analyses);
-- `proportion`: a share in [0, 1], whose interval over seeds is clipped to [0, 1] (study/record/report.py);
+- `proportion`: a share in [0, 1], whose interval over seeds is clipped to [0, 1] (study/results/tables.py);
 - `timing`: measures the machine, not the model: runs of one config and seed agree on every other
   metric.
 

@@ -185,7 +185,7 @@ def userinfo(uri: str) -> str | None:
 
 
 def unlockable(uri: str) -> str | None:
-    """Why a study in this bucket cannot hold a driver lock (study/record/lock.py), or None: the lock needs
+    """Why a study in this bucket cannot hold a driver lock (study/experiment/lock.py), or None: the lock needs
     a write the store refuses when the object is there (S3's If-None-Match, GCS's generation match
     through google-cloud-storage); no other store offers one here."""
     scheme = uri.partition("://")[0].lower()

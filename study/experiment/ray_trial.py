@@ -1,26 +1,12 @@
 """A Tune trial = one Ray Train run of `train_loop_per_worker` (thin glue over Ray's APIs).
 
-N-worker trials: the Tune function trainable `run_trial` builds a `TorchTrainer` over N workers
-(ZeRO shards the model over them) and calls `fit()`; Ray Train's `TuneReportCallback` forwards the
-workers' reports to Tune. The Train run is named after the Tune trial, so when Tune restarts a
-trial (`--resume` after the driver died) Ray Train finds the run's checkpoints in storage, and a
-failed worker group is restarted from the latest checkpoint (`FailureConfig`).
-
-One-worker trials run the same loop directly in the Tune trial's process, reporting to Tune. This
-is what Ray Train's local mode (`num_workers=0`) would do, minus what it drops: in Ray 2.60 local
-mode keeps only the last report (no intermediate metrics reach Tune, so ASHA could not stop a
-trial), persists no checkpoint, restores none, and destroys the process group when it returns.
-Reporting to Tune keeps intermediate metrics, checkpoints and Tune's own trial retries.
-
-Retries: Tune's alone (`resources.max_failures`), never Ray Train's inside them (N-worker trials run
-their TorchTrainer with no retries of its own: a failed worker group fails the Tune trial, whose retry
-starts the Train run of the same name again from its checkpoints), so a trial runs at most
-max_failures + 1 times, not (max_failures + 1)^2. A trial that diverged is not retried at all: from its
-last checkpoint it would diverge again, deterministically. Before raising `Diverged` it reports
-`diverged` (the reason; the objective NaN, which Tune's metric check needs and schedulers and searchers
-ignore), and `NoRetryOnDivergence`, a Tune callback of the driver, sets that trial's max_failures to 0:
-Tune reads it when it handles the error the report precedes, so the trial ends ERROR (FAILED in MLflow,
-with its reason) after one attempt.
+N-worker trials: the Tune function trainable `run_trial` builds a `TorchTrainer` over N workers and
+calls `fit()`; the Train run is named after the Tune trial, so a trial Tune restarts finds its
+checkpoints in storage. One-worker trials run the same loop directly in the Tune trial's process,
+reporting to Tune, which keeps what Ray Train's local mode would drop (intermediate metrics,
+checkpoints, Tune's own retries). Retries are Tune's alone, so a trial runs at most max_failures + 1
+times, and a trial that diverged is not retried at all (`NoRetryOnDivergence`). The details and
+why: docs/trial.md, "A trial on Ray".
 """
 
 from __future__ import annotations
@@ -110,8 +96,8 @@ def _run(trial: dict, res: dict) -> None:
         return
     context = ray.tune.get_context()
     # Ray Train's controller polls its workers this often, and only then takes their reports and
-    # sees the train function end (default 2 s: up to 2 s of every report and of every trial's end);
-    # propagated by Ray Train from this process to the controller and workers
+    # sees the train function end (its default delays every report and every trial's end: docs/speed.md,
+    # P2); propagated by Ray Train from this process to the controller and workers
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     trainer = TorchTrainer(
         ray_train_loop,

@@ -4,7 +4,7 @@
   gets its full budget of trials and no cell is starved by another's results. Once a cell's search
   trials have all ended, it hands out `replicas - 1` reruns of the selected config (in-distribution
   objective; trials within its sampling error are tied and the first suggested is chosen:
-  study/record/selection.py) with seeds seed+1, seed+2, ...; the study's figures and spreads over
+  study/results/selection.py) with seeds seed+1, seed+2, ...; the study's figures and spreads over
   seeds come from those seeds. Without a search it hands out each cell's
   fixed config `replicas` times, with seeds seed, seed+1, ...
 - `CellASHA` (a Tune scheduler): one ASHA per cell, so trials compete only with trials of their own
@@ -21,7 +21,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from study.record.selection import choose, validation_samples
+from study.results.selection import choose, validation_samples
 from study.spec.schema import StudySpec
 
 
@@ -98,9 +98,9 @@ class CellSearcher(Searcher):
             "resources": self.resources,
             "role": role,  # search | replica (of the selected config; without a search, every trial)
             "selected_from": selected_from,
-            "search_index": search_index,  # breaks a tie on the objective (study/record/selection.py)
+            "search_index": search_index,  # breaks a tie on the objective (study/results/selection.py)
             # with max_concurrent_trials Tune asks for a trial when a slot is free: the trial's
-            # start-up is measured from here (study/record/tracking.py, startup/from_schedule_s)
+            # start-up is measured from here (study/record/mlflow/recorder.py, startup/from_schedule_s)
             "scheduled_at": time.time(),
         }
 
@@ -111,7 +111,7 @@ class CellSearcher(Searcher):
         return self.replicas_issued[cell] < self.spec.replicas - 1
 
     def selected(self, cell: int) -> str | None:
-        """The selected search trial of a cell whose search has ended (study/record/selection.py); None
+        """The selected search trial of a cell whose search has ended (study/results/selection.py); None
         before, or when none of its search trials reported the objective (nothing to replicate)."""
         if not self.search_ended(cell):
             return None
@@ -160,7 +160,7 @@ class CellASHA(FIFOScheduler):
 
     Time is counted in reports (`training_iteration`): one per `eval.every_steps` and the final one,
     `ceil(optim.steps / eval.every_steps)` in all, taken from the cell's own trial config (a grid may
-    vary either). A trial the scheduler stops keeps its last report; study/record/report.py counts it as
+    vary either). A trial the scheduler stops keeps its last report; study/results/tables.py counts it as
     STOPPED and never selects it (it has no evaluation of the test grid)."""
 
     def __init__(self, metric: str, mode: str, grace_period: int, reduction_factor: int):

@@ -1,4 +1,4 @@
-"""The study as one Ray Tune experiment: Tuner (or Tuner.restore), searcher, scheduler, tracker."""
+"""The study as one Ray Tune experiment: Tuner (or Tuner.restore), searcher, scheduler, recorder."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 import pandas as pd
 
 from study import ray_compat
+from study.experiment.recording import RecorderCallback, error_reason
 from study.experiment.snapshots import (
     BACKSTOP_PERIOD_S,
     SnapshotGate,
@@ -17,9 +18,8 @@ from study.experiment.snapshots import (
     restore_complete_snapshot,
     snapshots_on_events,
 )
-from study.record.identity import StudyIdentity, artifact_root
-from study.record.report import write_report
-from study.record.tracking import RECORDING_ERRORS, StudyTracker, error_reason
+from study.record.recorder import Recorder
+from study.results.tables import write_report
 from study.spec.schema import StudySpec
 from trial import storage as store
 
@@ -52,9 +52,8 @@ def start_ray(address: str | None) -> None:
         env.update(GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
     # one machine is never drained: no preemption watcher (a Ray actor, so a process) per Train run
     env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    # no dashboard: it costs a study 4 s and 6 CPU-seconds on 2 cores (smoke study 26 -> 22 s,
-    # measured side by side); the study prints its progress and MLflow holds its record. For the
-    # dashboard, `ray start --head` a Ray of your own and pass --address (README, "Studies").
+    # no dashboard: it slows every study's start (docs/speed.md); the study prints its progress and
+    # its record holds the rest. For the dashboard, `ray start --head` a Ray and pass --address.
     info = ray.init(address="local", runtime_env={"env_vars": env}, include_dashboard=False,
                     dashboard_host="127.0.0.1", **quiet)
     ip = info.address_info["node_ip_address"]
@@ -67,17 +66,16 @@ def start_ray(address: str | None) -> None:
 
 
 def run_study(
-    spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
-    max_concurrent: int | None, resume: bool, verbose: bool = False, identity: StudyIdentity | None = None,
+    spec: StudySpec, study_dir: str, recorder: Recorder, address: str | None,
+    max_concurrent: int | None, resume: bool, verbose: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict], str | None]:
-    """Run (or resume) the study; write the report; return the per-cell selection, the per-length
-    summary over seeds, the files written, the failed trials ({trial_id, cell, reason}) and what
-    MLflow could not record (None: everything).
-    `identity` ties the MLflow record to this study folder (None: a study made before study ids)."""
+    """Run (or resume) the study, telling `recorder` as it goes; write the report; return the
+    per-cell selection, the per-length summary over seeds, the files written, the failed trials
+    ({trial_id, cell, reason}) and what the record could not take (None: everything)."""
     from ray import tune
 
+    from study.experiment.progress import ProgressPrinter
     from study.experiment.ray_trial import NoRetryOnDivergence, run_trial, trial_resources
-    from study.record.progress import ProgressPrinter
 
     if resume:  # before Ray starts or MLflow is touched: a refused snapshot leaves everything as it was
         _put_back_complete_snapshot(store.join(study_dir, "tune"))
@@ -88,12 +86,11 @@ def run_study(
     # the objective: a diverged trial's last report must carry it (study/experiment/ray_trial.py)
     resources = {**spec.resources.model_dump(), "storage": study_dir, "objective": spec.objective.metric}
     trainable = tune.with_resources(run_trial, trial_resources(resources))
-    artifact_location = artifact_root(study_dir, tracking_uri, spec.name)  # the one run.py checked
-    tracker = StudyTracker(spec, tracking_uri, artifact_location, identity)
     progress = ProgressPrinter(spec, len(spec.cells()) * spec.trials_per_cell)
-    gate = SnapshotGate(followers=[tracker])
-    callbacks = (gate, tracker, progress, NoRetryOnDivergence())
+    gate = SnapshotGate(followers=[recorder])
+    callbacks = (gate, RecorderCallback(recorder), progress, NoRetryOnDivergence())
     try:
+        recorder.study_started()
         if resume:
             tuner = _restored_tuner(spec, store.join(study_dir, "tune"), trainable, callbacks, max_concurrent, verbose)
         else:
@@ -110,29 +107,26 @@ def run_study(
             for res in grid
         ]
         timing = time_in_steps(trials, time.time() - ray_started, max_concurrent)
-        return _report_and_record(spec, study_dir, trials, grid, tracker, timing)
+        return _report_and_record(spec, study_dir, trials, grid, recorder, timing)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM (Terminated), or an exit
-        _finish_if_reachable(tracker, "KILLED")
+        _finish_if_reachable(recorder, "KILLED")
         print(f"interrupted: no results written; continue with --resume (study {study_dir})",
               file=sys.stderr)
         raise
     except BaseException as e:  # stopped for its storage (not answering, full): resumable, as on Ctrl-C
         stopped = isinstance(e, store.StorageError) or store.disk_full(study_dir, e)
-        _finish_if_reachable(tracker, "KILLED" if stopped else "FAILED")
+        _finish_if_reachable(recorder, "KILLED" if stopped else "FAILED")
         raise
 
 
 def _tune_settings() -> None:
-    """Tune's and MLflow's settings a study needs (set unless the user set them)."""
+    """Tune's settings a study needs (set unless the user set them)."""
     # one experiment snapshot per checkpoint is what resume needs; don't warn about it
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # snapshots on the events a resume needs, not on a timer (study/experiment/snapshots.py)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", BACKSTOP_PERIOD_S)
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the classic table, with the columns we choose
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TensorBoard; JSON/CSV below
-    # a tracking server that is down fails a call in seconds (MLflow's default retries take minutes,
-    # all of them inside Tune's loop): the tracker holds the event and tries again (study/record/tracking.py)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 
 
 def _new_tuner(spec: StudySpec, study_dir: str, trainable, resources: dict, callbacks: tuple,
@@ -150,8 +144,7 @@ def _new_tuner(spec: StudySpec, study_dir: str, trainable, resources: dict, call
             num_samples=len(spec.cells()) * spec.trials_per_cell,
             max_concurrent_trials=max_concurrent,
             # a finished trial's process takes the next trial: its imports, its process group and
-            # DeepSpeed's loaded ops are ready (a 1-worker trial's start on 2 cores: ~5 s in a fresh
-            # process, ~0.05 s in a warm one; README "Speed")
+            # DeepSpeed's loaded ops are ready (the start-up it saves: docs/speed.md)
             reuse_actors=r.warm_processes,
             trial_name_creator=_trial_name,
             trial_dirname_creator=_trial_name,
@@ -166,7 +159,7 @@ def _new_tuner(spec: StudySpec, study_dir: str, trainable, resources: dict, call
             # storage anymore", seen in tests/test_storage.py)
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             callbacks=[*callbacks, JsonLoggerCallback(), CSVLoggerCallback()],
-            verbose=1 if verbose else 0,  # Tune's status tables; our own lines: study/record/progress.py
+            verbose=1 if verbose else 0,  # Tune's status tables; our own lines: study/experiment/progress.py
             progress_reporter=tune.CLIReporter(
                 metric_columns={"step": "step", spec.objective.metric: spec.objective.metric,
                                 "acc_beyond": "acc_beyond"},
@@ -231,9 +224,9 @@ def _fit(tuner, gate: SnapshotGate):
     return grid
 
 
-def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], grid, tracker: StudyTracker,
+def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], grid, recorder: Recorder,
                        timing: dict) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict], str | None]:
-    """Write the report into storage, then MLflow's record of the study (which may fail without
+    """Write the report into storage, then the record's end of the study (which may fail without
     losing the results)."""
     cells = {c.index: c.label for c in spec.cells()}
     failed = [{"trial_id": t["trial_id"], "cell": cells[t["config"]["cell"]], "reason": t["reason"]}
@@ -246,17 +239,16 @@ def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], grid
                 _upload(path, store.join(study_dir, os.path.basename(path)))
         unrecorded = None
         try:
-            tracker.flush()
-            dropped = tracker.reconcile({_trial_id(res) for res in grid if not res.error},
-                                        {_trial_id(res) for res in grid})
+            recorder.flush()
+            dropped = recorder.reconcile({_trial_id(res) for res in grid if not res.error},
+                                         {_trial_id(res) for res in grid})
             if dropped:
-                print(f"mlflow: deleted {len(dropped)} run(s) of trials started before the interruption "
+                print(f"record: dropped {len(dropped)} run(s) of trials started before the interruption "
                       "and not in the restored experiment (their work was redone)", flush=True)
-            tracker.log_study_metrics(timing)
-            tracker.record_selection(selected)
-            tracker.finish("FAILED" if failed else "FINISHED", files)
-        except RECORDING_ERRORS as e:
-            unrecorded = (f"{e}. The results are complete in {study_dir}; the MLflow record of study "
+            recorder.selection(selected)
+            recorder.study_finished("FAILED" if failed else "FINISHED", timing, files)
+        except recorder.errors as e:
+            unrecorded = (f"{e}. The results are complete in {study_dir}; the record of study "
                           f"{spec.name} is not")
     written = [store.join(study_dir, os.path.basename(path)) for path in files.values()]
     return selected, summary, written, failed, unrecorded
@@ -273,13 +265,13 @@ def _upload(path: str, uri: str) -> None:
         raise store.StorageError(f"{store.redact(uri)}: cannot write the report: {why}") from None
 
 
-def _finish_if_reachable(tracker: StudyTracker, status: str) -> None:
-    """End the study's MLflow runs; a store that does not answer must not hide why the study ended."""
+def _finish_if_reachable(recorder: Recorder, status: str) -> None:
+    """End the study's record; a record that does not answer must not hide why the study ended."""
     try:
-        tracker.flush(wait_s=0)
-        tracker.finish(status)
-    except RECORDING_ERRORS as e:
-        print(f"warning: mlflow: the study's runs could not be marked {status}: {e}", file=sys.stderr, flush=True)
+        recorder.flush(wait_s=0)
+        recorder.study_finished(status)
+    except recorder.errors as e:
+        print(f"warning: record: the study could not be marked {status}: {e}", file=sys.stderr, flush=True)
 
 
 class Terminated(KeyboardInterrupt):

@@ -1,8 +1,6 @@
-"""The study's record: MLflow (tracking.py, the Tune callback and its writer; trial_record.py, what a
-trial's results become in MLflow), the study's identity and lock in storage (identity.py, lock.py),
-the terminal's lines (progress.py), which search trial a cell selects (selection.py), and the tables
-and figures over seeds (report.py, figures.py).
+"""The study's record: the seam a study records through (recorder.py: the events, and the registry
+of recorders), the study's identity in storage (identity.py), and MLflow's recorder (mlflow/).
 
-May import: tasks, models, trial, analysis, study.ray_compat, study.spec. Imported by study.experiment
-and the commands.
+May import: tasks, models, trial, analysis, study.ray_compat, study.spec, study.results. Imported by
+study.experiment and the commands.
 """

@@ -4,17 +4,12 @@ A study is its folder (`<storage>/<name>`), made once, not its name: two storage
 deleted and made again, hold different studies under one name, and one MLflow store (every bucket
 study shares `./studies/mlflow.db` by default) records them all. `<study>/study.json` holds the
 study's id, where it lives and the spec it started with. The study's MLflow parent run carries the
-id as a tag (study/record/tracking.py), so a study only ever reads, tags or deletes its own runs; a study
+id as a tag (study/record/mlflow/experiment.py), so a study only ever reads, tags or deletes its own runs; a study
 folder without a readable study.json is refused, never matched by name, and so is a copy of a study's
 folder, whose study.json names the original's location (`python -m study.record.identity --new-study
 FOLDER` records the copy as a study of its own). `--resume` reads the id
 back, and refuses a spec that differs from the stored one in anything but the fields a resume
 applies without changing a result (`RESUMABLE_CHANGES`).
-
-Artifacts stay under the study's own storage: a SQLite-recorded study's experiment has its artifact
-location there, and MLflow keeps one artifact location per experiment, so a study of a name whose
-experiment keeps its artifacts elsewhere (another storage, bucket or team) records to an experiment
-of its own, `<name> @ <its artifact location>`, tagged `study.name` (`study_experiment`).
 """
 
 from __future__ import annotations
@@ -35,16 +30,10 @@ FILE = "study.json"
 # what `--resume` may change: how the remaining trials are run, never what they compute
 RESUMABLE_CHANGES = ("description", "resources.max_concurrent_trials", "resources.max_failures",
                      "resources.warm_processes")
-NAME_TAG = "study.name"  # on every experiment a study records to: all of a name's are found by it
-PARENT_TAG = "study.parent"
 
 
 class StudyFileError(ValueError):
     """A study folder's study.json is missing or unreadable; the message names it (one line)."""
-
-
-class RecordRefused(ValueError):
-    """The MLflow record a study would use cannot be used (a deleted experiment, ...); one line."""
 
 
 @dataclass(frozen=True)
@@ -138,108 +127,6 @@ def changed_fields(stored: dict[str, Any], spec: StudySpec) -> list[str]:
 
 
 _MISSING = object()
-
-
-# --- the study's record in MLflow ----------------------------------------------------------------------
-def literal(value: str) -> str | None:
-    """`value` as a string literal of an MLflow filter string, or None where it has none. MLflow's
-    parser takes a literal's text between its quotes as it is, with no escapes: single quotes
-    unless the value holds one, else double quotes; a value with both cannot be written."""
-    value = str(value)
-    if "'" not in value:
-        return f"'{value}'"
-    return f'"{value}"' if '"' not in value else None
-
-
-def find_runs(client, experiment_ids: list[str], tags: dict[str, str], max_results: int = 1) -> list:
-    """Runs tagged with exactly these values, newest first. A value no literal can hold (both
-    quotes) is compared here instead of in MLflow's filter."""
-    written = {k: literal(v) for k, v in tags.items()}
-    query = " and ".join(f"tags.`{k}` = {q}" for k, q in written.items() if q is not None)
-    exact = None in written.values()
-    runs = client.search_runs(experiment_ids, filter_string=query, max_results=1000 if exact else max_results,
-                              order_by=["attributes.start_time DESC"])
-    return [r for r in runs if all(r.data.tags.get(k) == v for k, v in tags.items())][:max_results]
-
-
-def artifact_root(study_dir: str, tracking_uri: str, name: str) -> str | None:
-    """Where a study's MLflow artifacts go (what study/experiment/tuning.py gives the tracker): beside the
-    study in its storage for a SQLite store; None where a tracking server decides."""
-    import os
-
-    return store.join(os.path.dirname(study_dir), "mlartifacts", name) if tracking_uri.startswith("sqlite:") else None
-
-
-def _same_place(a: str | None, b: str) -> bool:
-    def norm(u: str) -> str:
-        return (u[len("file://"):] if u.startswith("file://") else u).rstrip("/")
-    return a is not None and norm(a) == norm(b)
-
-
-def own_experiment_name(name: str, artifact_location: str) -> str:
-    """The experiment of the studies of `name` whose artifacts go to `artifact_location`, where the
-    experiment `name` keeps its artifacts elsewhere (MLflow's names hold 256 characters)."""
-    where = artifact_location if len(artifact_location) <= 240 - len(name) else \
-        "..." + artifact_location[-(237 - len(name)):]
-    return f"{name} @ {where}"
-
-
-def study_experiment(client, spec: StudySpec, artifact_location: str | None, identity: StudyIdentity | None,
-                     create: bool = False) -> tuple[str | None, str, str]:
-    """(experiment id, name, a note to print or "") of the study's record: the experiment that
-    already holds its parent run (found by identity among the experiments of its name), else the
-    experiment `spec.name` where its artifacts go to `artifact_location` (or a server decides),
-    else its own (`own_experiment_name`). The id is None where it does not exist and `create` is
-    False. A deleted experiment is RecordRefused: restoring it, or recording elsewhere, is the user's
-    choice."""
-    from mlflow.entities import ViewType
-
-    name = spec.name
-    # a spec's name holds no quote (study/spec/schema.py): it has a literal
-    known = {e.experiment_id: e for e in client.search_experiments(
-        ViewType.ALL, filter_string=f"tags.`{NAME_TAG}` = {literal(name)}")}
-    first = client.get_experiment_by_name(name)
-    if first is not None:
-        known[first.experiment_id] = first
-    if identity is not None and known:
-        found = find_runs(client, list(known), {PARENT_TAG: "true", **identity.tags()})
-        if found:  # a study keeps its record where it is (one made before this rule, too)
-            exp = known[found[0].info.experiment_id]
-            _refuse_deleted(client, exp)
-            return exp.experiment_id, exp.name, ""
-    _refuse_deleted(client, first)
-    note = ""
-    wanted = name
-    if first is not None and artifact_location is not None and not _same_place(first.artifact_location,
-                                                                               artifact_location):
-        wanted = own_experiment_name(name, artifact_location)
-        note = (f"mlflow: experiment {name!r} keeps its artifacts in {store.redact(first.artifact_location or '?')}; "
-                f"this study records to experiment {wanted!r}, its artifacts under its own storage")
-    exp = first if wanted == name else client.get_experiment_by_name(wanted)
-    _refuse_deleted(client, exp)
-    if exp is not None:
-        if artifact_location is not None and not _same_place(exp.artifact_location, artifact_location):
-            raise RecordRefused(f"experiment {wanted!r} in {store.redact(client.tracking_uri)} keeps its artifacts in "
-                                f"{exp.artifact_location}, not under this study's storage ({artifact_location}); "
-                                "rename or delete that experiment, or give the study another name")
-        return exp.experiment_id, wanted, note
-    if not create:
-        return None, wanted, note
-    import yaml
-
-    exp_id = client.create_experiment(wanted, artifact_location=artifact_location, tags={NAME_TAG: name})
-    text = f"{spec.description}\n\n```yaml\n{yaml.safe_dump(spec.model_dump(mode='json'), sort_keys=False)}```"
-    client.set_experiment_tag(exp_id, "mlflow.note.content", text)  # the experiment's page shows it
-    return exp_id, wanted, note
-
-
-def _refuse_deleted(client, exp) -> None:
-    if exp is not None and exp.lifecycle_stage == "deleted":
-        uri = store.redact(client.tracking_uri)
-        raise RecordRefused(
-            f"experiment {exp.name!r} (id {exp.experiment_id}) in {uri} is deleted; restore it (`MLFLOW_TRACKING_URI="
-            f"{uri} mlflow experiments restore --experiment-id {exp.experiment_id}`), delete it for good (`mlflow gc "
-            f"--backend-store-uri {uri} --experiment-ids {exp.experiment_id}`), or give the study another name")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,25 +2,14 @@
 naming the flag (run.py prints `error: <message>` and exits 2), never a traceback, and nothing is
 left behind (a probe folder made to test that a folder is writable is removed again).
 
-- `--storage`: a folder must be a folder (not a file, not under a file) that this user can create
-  or write, and whose path reads the same as URI text where MLflow's SQLite record goes there (no
-  `%41`, no `?`: `check_record_paths`); a `file:` URI is the local path it names; a bucket URI carries
-  neither credentials (`s3://KEY:SECRET@bucket`, `?secret_key=`: use the environment or an instance
-  role) nor a query string (`?region=...`: the environment's AWS_REGION / AWS_ENDPOINT_URL say that),
-  and its store must offer a conditional write for the driver lock (`store.unlockable`).
-- `--mlflow-uri`: a tracking server (`http(s)://`) must answer its REST API within a few seconds;
-  a SQLite store's folder must be creatable and written as it is; `databricks` is a tracking URI; no
-  credential anywhere in the URI but a database's user name (`credentials_problem`).
-- `--address` / RAY_ADDRESS: `local` in any spelling means the embedded loopback-only Ray
-  (`ray_address`); anything else must accept a TCP connection within a few seconds, before Ray
-  starts (a `ray.init` against nothing hangs for a minute and then fails in a traceback).
-- `--cluster`: one YAML mapping with `available_node_types`, each a mapping with numeric resources.
-- A study on a cluster whose MLflow record is a SQLite file (the default) is warned, not refused:
-  the file is beside the driver, on the head node, and goes away with it (`ephemeral_record`).
-- Any YAML read here or by `study.spec.schema.load_spec`: aliases may not expand beyond MAX_YAML_EXPANSION
-  values (an alias bomb of a few hundred bytes would otherwise expand to billions).
-
-Nothing here imports Ray for the embedded case (its loopback switch must be set before that import).
+What is checked: `--storage` (a folder this user can write whose path reads the same as URI text, or
+a bucket URI with no credentials or query whose store offers a conditional write), `--mlflow-uri`
+(a server that answers, a SQLite folder that can be made, no credential), `--address` /
+RAY_ADDRESS (`local` in any spelling, or something that accepts a TCP connection before Ray
+starts), `--cluster` (a YAML mapping of node types), a cluster study recording to SQLite (warned,
+not refused), and YAML aliases (bounded by MAX_YAML_EXPANSION). Each rule and why: docs/records.md,
+"Flags checked before any work". Nothing here imports Ray for the embedded case (its loopback
+switch must be set before that import).
 """
 
 from __future__ import annotations

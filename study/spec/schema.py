@@ -27,9 +27,10 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from study.spec.plan_bounds import check_plan_size
 from trial import metrics
 from trial.config import TaskSpec, TrialConfig, selectable_metrics
-from trial.limits import MAX_SEED, Strict, check_plan_size, fits, refuse_non_finite
+from trial.limits import MAX_SEED, Strict, fits, refuse_non_finite
 from trial.yaml_io import describe_errors, load_yaml
 
 EXTRAPOLATION_METRICS = metrics.EXTRAPOLATION

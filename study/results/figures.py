@@ -1,4 +1,4 @@
-"""The study's figures (matplotlib), from the report's tables (study/record/report.py).
+"""The study's figures (matplotlib), from the report's tables (study/results/tables.py).
 
 - accuracy_vs_length.png: one panel per cell, the mean over seeds against test length with the
   seeds' range (min-max) as a band, a line per k_test, the train length marked;
@@ -7,7 +7,7 @@
 - sparsity_vs_extrapolation.png (specs with a `sparsity:` section): every trial's measured sparsity
   (median k, analysis/sparsity.py) against its accuracy (or loss) beyond the train length, the paper's
   thesis as one scatter;
-- a trial's own accuracy_vs_length.png, logged to its MLflow run (study/record/trial_record.py).
+- a trial's own accuracy_vs_length.png, logged to its MLflow run (study/record/mlflow/trial_runs.py).
 
 Each has a title (study, task, budget, seeds), cells named by the factors that vary (`K_train 2,
 learned / random_shift`), the chance level where the task's answer has one (`Task.answer_chance`),

@@ -1,7 +1,7 @@
 """MLflow records of a study: experiment = study, a parent run for the study, a child per trial.
 
-A Tune `Callback` on the driver does all the logging (trials never talk to MLflow, so any tracking
-URI the driver reaches works, a SQLite file or a server). Children carry `mlflow.parentRunId` and
+The study's Recorder (study/record/recorder.py) on the driver does all the logging (trials never
+talk to MLflow, so any tracking URI the driver reaches works, a SQLite file or a server). Children carry `mlflow.parentRunId` and
 tags with their cell's factors, so the UI can group and compare by factor. Runs are found again by
 tag on `--resume` (the parent by study, a child by Tune trial id), so nothing is duplicated.
 
@@ -26,13 +26,24 @@ import time
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-from ray.tune import Callback
 
-from study.record.identity import PARENT_TAG, StudyIdentity, find_runs, literal, study_experiment
-from study.record.trial_record import extrapolation_metrics, is_metric, log_final_artifacts
+from study.record.identity import StudyIdentity
+from study.record.mlflow.experiment import (
+    PARENT_TAG,
+    artifact_root,
+    find_runs,
+    literal,
+    runs_link,
+    source_tags,
+    stored_study,
+    study_experiment,
+    study_params,
+)
+from study.record.mlflow.trial_runs import extrapolation_metrics, is_metric, log_final_artifacts
+from study.record.recorder import TrialInfo
 from study.spec.schema import StudySpec, flat_params
 from trial.storage import first_line as _first_line
-from trial.storage import redact, uri_of
+from trial.storage import redact
 
 TRIAL_TAG = "tune.trial_id"
 
@@ -57,9 +68,9 @@ FLUSH_WAIT_S = float(os.environ.get("STUDY_MLFLOW_WAIT_S", "60"))
 
 
 def held_in_order(hook):
-    """A Tune hook of the tracker whose MLflow calls may wait: it joins the backlog, which a thread
-    records in order as far as MLflow answers (`StudyTracker.drain`), off Tune's loop (a result's
-    writes took it 0.5-1.5 s). Nothing is dropped; a hook is replayed whole (runs found by tag)."""
+    """An event whose MLflow calls may wait: it joins the backlog, which a thread records in order as
+    far as MLflow answers (`MlflowRecorder.drain`), off Tune's loop (a result's writes take it
+    about a second). Nothing is dropped; an event is replayed whole (runs found by tag)."""
     @functools.wraps(hook)
     def call(self, *args, **kwargs):
         if self._w_failure is not None:
@@ -69,47 +80,62 @@ def held_in_order(hook):
     return call
 
 
-def source_tags() -> dict[str, str]:
-    """MLflow's own source tags: the entry point and, in a git checkout, the commit, with
-    `code.dirty` true when tracked files have changes (so a result is never credited to a commit
-    that did not produce it)."""
-    import subprocess
+class MlflowRecorder:
+    """The study's MLflow record (a Recorder, study/record/recorder.py). Its parent run is found by
+    the study's identity (study/record/identity.py), never by name alone, and every child is looked up
+    under that parent: a study never reads, tags, deletes or overwrites another study's runs, though
+    several may share an experiment (one per artifact location: experiment.py's study_experiment).
+    Without an `identity` nothing is looked up: the study gets a parent run of its own."""
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    tags = {"mlflow.source.name": "study/run.py", "mlflow.source.type": "LOCAL"}
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return tags
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-        tags["code.dirty"] = "true" if dirty else "false"
-    return tags
+    errors = RECORDING_ERRORS
 
-
-def runs_link(tracking_uri: str, experiment_id: str) -> str:
-    """The UI's runs table of the experiment (the experiment's default page in MLflow 3 is the
-    GenAI overview). A SQLite store is read by `mlflow ui`, on 127.0.0.1:5000 by default."""
-    base = redact(tracking_uri).rstrip("/") if tracking_uri.startswith("http") else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-
-
-class StudyTracker(Callback):
-    """The study's MLflow record. Its parent run is found by the study's identity (study/record/identity.py),
-    never by name alone, and every child is looked up under that parent: a study never reads, tags,
-    deletes or overwrites another study's runs, though several may share an experiment (one per
-    artifact location: study/record/identity.py's study_experiment). Without an `identity` nothing is
-    looked up: the study gets a parent run of its own."""
-
-    def __init__(self, spec: StudySpec, tracking_uri: str, artifact_location: str | None = None,
-                 identity: StudyIdentity | None = None):
+    def __init__(self, spec: StudySpec, tracking_uri: str, study_dir: str,
+                 identity: StudyIdentity | None = None, artifact_location: str | None = None):
+        # a tracking server that is down fails a call in seconds (MLflow's default retries take
+        # minutes): the event is held and tried again (drain)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         self.spec = spec
         self.tracking_uri = tracking_uri
+        self.identity = identity
+        # where its artifacts go: under the study's storage for SQLite (what `check` checked)
+        self.artifact_location = artifact_location or artifact_root(study_dir, tracking_uri, spec.name)
         self.client = MlflowClient(tracking_uri)
-        self.experiment_id, exp_name, note = study_experiment(self.client, spec, artifact_location, identity,
+        self.parent_id: str | None = None
+        self.children: dict[str, str] = {}  # Tune trial id -> MLflow run id
+        # runs already FINISHED when a resumed study restores their trial (the driver died between
+        # MLflow's record and Tune's): their record is complete and is left exactly as it is
+        self.finished_before: set[str] = set()
+        self.cells = {c.index: c for c in spec.cells()}
+        # runs of completed trials wait here until a snapshot in storage says so (snapshot_stored)
+        self.awaiting_snapshot: list[str] = []
+        self.session_start = time.time()
+        self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
+        self.backlog: collections.deque = collections.deque()  # events MLflow has not taken yet
+        self.retry_at = 0.0
+        self.event_ms = 0  # the time of the held event being recorded (drain)
+        self._writer_state()
+        self.down_since: float | None = None
+        self.last_error = ""  # what MLflow last answered instead of taking an event
+
+    @classmethod
+    def check(cls, spec: StudySpec, study_dir: str, uri: str, identity: StudyIdentity | None) -> str | None:
+        """The experiment the study would record to; a deleted one is RecordRefused. None where
+        MLflow does not answer now (the recorder waits for it)."""
+        try:
+            return study_experiment(MlflowClient(uri), spec, artifact_root(study_dir, uri, spec.name), identity)[1]
+        except (MlflowException, OSError):
+            return None
+
+    @staticmethod
+    def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
+        """The report files of the newest study `name` in the store, downloaded into `into`:
+        (folder, where they came from); a LookupError says why there are none."""
+        return stored_study(uri, name, into)
+
+    def study_started(self) -> None:
+        """The study's experiment and parent run: found again on a resume, else made."""
+        spec, identity = self.spec, self.identity
+        self.experiment_id, exp_name, note = study_experiment(self.client, spec, self.artifact_location, identity,
                                                               create=True)
         if note:
             print(note, flush=True)
@@ -134,21 +160,6 @@ class StudyTracker(Callback):
         else:
             self.client.update_run(parent.info.run_id, status="RUNNING")
         self.parent_id = parent.info.run_id
-        self.children: dict[str, str] = {}  # Tune trial id -> MLflow run id
-        # runs already FINISHED when a resumed study restores their trial (the driver died between
-        # MLflow's record and Tune's): their record is complete and is left exactly as it is
-        self.finished_before: set[str] = set()
-        self.cells = {c.index: c for c in spec.cells()}
-        # runs of completed trials wait here until a snapshot in storage says so (snapshot_stored)
-        self.awaiting_snapshot: list[str] = []
-        self.session_start = time.time()
-        self.starts: dict[str, int] = {}  # Tune trial id -> times started in this driver
-        self.backlog: collections.deque = collections.deque()  # hooks MLflow has not taken yet
-        self.retry_at = 0.0
-        self.event_ms = 0  # the time of the held event being recorded (drain)
-        self._writer_state()
-        self.down_since: float | None = None
-        self.last_error = ""  # what MLflow last answered instead of taking an event
 
     def __getstate__(self):  # Tune pickles its callbacks with the experiment: no client, nor the URI as given
         state = {k: v for k, v in self.__dict__.items()
@@ -156,7 +167,7 @@ class StudyTracker(Callback):
         return {**state, "tracking_uri": redact(self.tracking_uri)}
 
     def __setstate__(self, state):
-        # a restored tracker records nothing: a resume replaces it with its own (study/experiment/tuning.py),
+        # a restored recorder records nothing: a resume replaces it with its own (study/experiment/tuning.py),
         # made from the URI as given
         self.__dict__.update(state)
         self.client, self.backlog = None, collections.deque()
@@ -226,7 +237,7 @@ class StudyTracker(Callback):
                               f"({', '.join(f'{n} x{c}' for n, c in held.items())}; trials {', '.join(trials) or '-'})")
 
     # --- child runs -----------------------------------------------------------------------
-    def _child(self, trial) -> str:
+    def _child(self, trial: TrialInfo) -> str:
         if trial.trial_id in self.children:
             return self.children[trial.trial_id]
         found = next(iter(find_runs(self.client, [self.experiment_id], {"mlflow.parentRunId": self.parent_id,
@@ -238,17 +249,17 @@ class StudyTracker(Callback):
             else:
                 self.client.update_run(run_id, status="RUNNING")
         else:
-            cell = self.cells[trial.config["cell"]]
+            cell = self.cells[trial.cell]
             tags = {"mlflow.parentRunId": self.parent_id, TRIAL_TAG: trial.trial_id, "cell": cell.label,
-                    "role": trial.config.get("role", "search"),
+                    "role": trial.role,
                     "selected": "false",  # record_selection marks the selected trials
                     **self.source, **{f"factor.{k}": str(v) for k, v in cell.factors.items()}}
             run = self.client.create_run(
                 self.experiment_id, run_name=f"{cell.label} #{trial.trial_id[-5:]}", tags=tags
             )
             run_id = run.info.run_id
-            params = flat_params(trial.config["trial"])
-            params.update({f"search.{k}": v for k, v in trial.config["params"].items()})
+            params = flat_params(trial.config)
+            params.update({f"search.{k}": v for k, v in trial.params.items()})
             self.client.log_batch(
                 run_id, params=[Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
             )
@@ -256,39 +267,39 @@ class StudyTracker(Callback):
         return run_id
 
     @held_in_order
-    def on_trial_start(self, iteration, trials, trial, **info):
+    def trial_started(self, trial: TrialInfo) -> None:
         self.starts[trial.trial_id] = self.starts.get(trial.trial_id, 0) + 1
         self._child(trial)
 
     @held_in_order
-    def on_trial_result(self, iteration, trials, trial, result, **info):
+    def trial_result(self, trial: TrialInfo, result: dict) -> None:
         run_id = self._child(trial)
         if run_id in self.finished_before:
             return
         step = int(result.get("step", result.get("training_iteration", 0)))
         now = self.event_ms
         metrics = [Metric(k, float(v), now, step) for k, v in result.items() if is_metric(k, v)]
-        scheduled_at, first_step_at = trial.config.get("scheduled_at", 0), result.get("startup/first_step_at")
+        scheduled_at, first_step_at = trial.scheduled_at, result.get("startup/first_step_at")
         if first_step_at and scheduled_at > self.session_start and self.starts.get(trial.trial_id) == 1:
             # the whole start-up of a trial's first attempt: Ray's actor, the Ray Train workers, the loop's
             metrics.append(Metric("startup/from_schedule_s", first_step_at - scheduled_at, now, step))
         if result.get("eval_records"):
             metrics += extrapolation_metrics(result["eval_records"], now)
-        log_final_artifacts(self.client, run_id, result, trial.config["trial"])
+        log_final_artifacts(self.client, run_id, result, trial.config)
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
 
     @held_in_order
-    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+    def trial_checkpoint(self, trial: TrialInfo, uri: str) -> None:
         run_id = self._child(trial)
         if run_id not in self.finished_before:  # `python -m study.loss_gap --mlflow-run` finds the model here
-            self.client.set_tag(run_id, "checkpoint", uri_of(checkpoint.filesystem, checkpoint.path))
+            self.client.set_tag(run_id, "checkpoint", uri)
 
     @held_in_order
-    def on_trial_complete(self, iteration, trials, trial, **info):
+    def trial_done(self, trial: TrialInfo, result: dict) -> None:
         run_id = self._child(trial)
         if run_id not in self.finished_before:  # FINISHED once the snapshot saying so is in storage
-            last = trial.last_result or {}
+            last = result or {}
             if "eval_records" not in last:  # the scheduler stopped it before its final report
                 self.client.set_tag(run_id, "stopped", f"by the scheduler at step {last.get('step', '?')}")
             self.awaiting_snapshot.append(run_id)
@@ -302,12 +313,8 @@ class StudyTracker(Callback):
             self.awaiting_snapshot.pop(0)
 
     @held_in_order
-    def on_trial_error(self, iteration, trials, trial, **info):
+    def trial_error(self, trial: TrialInfo, reason: str) -> None:
         run_id = self._child(trial)
-        reason = ""
-        if trial.error_file and os.path.exists(trial.error_file):  # written locally before this call
-            with open(trial.error_file) as f:
-                reason = error_reason(f.read())
         if reason:  # MLflow drops non-finite metrics: the tag is what shows why the run failed
             self.client.set_tag(run_id, "error", reason[:5000])
         self.client.set_terminated(run_id, "FAILED")
@@ -333,7 +340,7 @@ class StudyTracker(Callback):
                 self.client.set_terminated(r.info.run_id, "FINISHED")
         return dropped
 
-    def record_selection(self, selected) -> None:
+    def selection(self, selected) -> None:
         """Tag each child `selected` true or false, and give the parent per-cell metrics of the
         selected config (means over its seeds): `cell{i}/acc_beyond`, ..., `cell{i}/seeds`."""
         chosen = set(selected.trial_id) if len(selected) else set()
@@ -355,34 +362,34 @@ class StudyTracker(Callback):
         for j in range(0, len(metrics), 900):
             self.client.log_batch(self.parent_id, metrics=metrics[j : j + 900])
 
-    def log_study_metrics(self, metrics: dict[str, float]) -> None:
-        self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), int(time.time() * 1000), 0)
-                                                       for k, v in metrics.items()])
-
-    def finish(self, status: str, artifacts: dict[str, str] | None = None) -> None:
+    def study_finished(self, status: str, metrics: dict[str, float] | None = None,
+                       files: dict[str, str] | None = None) -> None:
         """End the study's runs: children still running are KILLED (interrupted)."""
+        if self.parent_id is None:  # stopped before its record was made
+            return
+        if metrics:
+            self.client.log_batch(self.parent_id, metrics=[Metric(k, float(v), int(time.time() * 1000), 0)
+                                                           for k, v in metrics.items()])
         for run_id in self.children.values():
             if self.client.get_run(run_id).info.status == "RUNNING":
                 self.client.set_terminated(run_id, "KILLED")
-        for path in (artifacts or {}).values():
+        for path in (files or {}).values():
             self.client.log_artifact(self.parent_id, path)
         self.client.set_terminated(self.parent_id, status)
 
 
-def study_params(spec: StudySpec) -> dict[str, str]:
-    """What a study varies and how it selects, as the parent run's params."""
-    import json
+    def where(self) -> list[str]:
+        """Where MLflow shows the study: the UI (with this venv's `mlflow` for a SQLite store) and a
+        deep link to the runs table."""
+        if self.parent_id is None:
+            return []
+        link = runs_link(self.tracking_uri, self.experiment_id)
+        if self.tracking_uri.startswith("http"):
+            return [f"MLflow:  {link}"]
+        import shlex
 
-    out = {f"grid.{k}": json.dumps(v) for k, v in spec.grid.items()}
-    if spec.search is not None:
-        out.update({f"search.{k}": json.dumps(d.model_dump(exclude_none=True)) for k, d in spec.search.params.items()})
-        out.update({"search.sampler": spec.search.sampler, "search.trials_per_cell": spec.search.trials_per_cell})
-    out.update({"objective": f"{spec.objective.mode} {spec.objective.metric} (ties: lower val_loss)",
-                "replicas": spec.replicas, "cells": len(spec.cells()), "task": spec.task.name, "seed": spec.seed})
-    return out
+        mlflow_bin = os.path.join(os.path.dirname(sys.executable), "mlflow")  # a command to paste: quoted
+        return [f"MLflow:  {shlex.quote(mlflow_bin)} ui --backend-store-uri {shlex.quote(redact(self.tracking_uri))}",
+                f"         then open {link}"]
 
 
-def error_reason(error) -> str:
-    """The last line of a trial's error (its traceback ends with the exception and its message)."""
-    lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
-    return lines[-1] if lines else ""

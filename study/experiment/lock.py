@@ -2,23 +2,11 @@
 
 Two drivers on one study would share its MLflow parent, write one Tune folder and delete each
 other's running child runs. Taking the lock, and taking over a killed driver's, is one atomic step:
-- a folder: the driver holds an exclusive `flock` on the file for as long as it runs. The kernel
-  releases it when the process ends however it ends, and grants it to one process only, so of two
-  `--resume`s started together after a kill exactly one wins; no pid or host name is consulted,
-  which containers sharing a host name (or a pid namespace of their own) would fool.
-- S3: the lock object is created with a conditional put (`If-None-Match: *`) and taken over with one
-  (`If-Match: <the stale lock's ETag>`): of two takeovers only the first put matches. A store that
-  ignores these headers (some S3-compatible servers) would let every put through; before the first
-  put, one probe object written twice, the second time under `If-None-Match: *`, finds that out, and
-  the lock is refused there (docs/records.md).
-- GCS: the same with generation preconditions (`if_generation_match=0` creates, `=<the stale lock's
-  generation>` takes over), through google-cloud-storage (pyarrow's GCS has none).
-- any other store offers no conditional write here: the lock, and the study, are refused.
-The lock names its holder: host, pid, process start time, the kernel's boot id and the pid namespace.
-A holder is known dead only where this process can see it: the same boot and pid namespace (a
-folder's flock says so by itself on this kernel), and no process of that pid and start time. Any
-other holder (another machine or container, another boot, a lock without those fields) is taken to
-be alive and refused, naming the file to delete if that driver is gone for good.
+an exclusive `flock` in a folder, a conditional put on S3 (a store that ignores the conditional
+headers is found out by a probe and refused), generation preconditions on GCS; any other store is
+refused. The lock names its holder, and a holder is known dead only where this process can see it
+(the same boot and pid namespace, no process of that pid and start time); any other is taken to be
+alive and refused. How each store's step works, and why: docs/records.md, "One driver per study".
 """
 
 from __future__ import annotations
@@ -118,7 +106,7 @@ def driver_lock(study_dir: str) -> Iterator[None]:
     try:
         yield
     except store.StorageUnreachable as e:  # the study stopped for its storage: releasing would wait out the
-        _left_in_place(path, e)  # S3 client's retries (measured: 7-12 s) only to fail
+        _left_in_place(path, e)  # S3 client's retries only to fail
         raise
     except BaseException:
         _release(path, me)

@@ -34,8 +34,8 @@ def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -
 def log_trial_plot(client, run_id: str, records: list[dict], trial_config: dict) -> None:
     import tempfile
 
-    from study.record.figures import plot_trial, vector_copy
-    from study.record.report import train_sizes
+    from study.results.figures import plot_trial, vector_copy
+    from study.results.tables import train_sizes
 
     train_length, _ = train_sizes(trial_config["task"])
     with tempfile.TemporaryDirectory() as tmp:  # at the root: the compare view shows common artifacts
@@ -49,7 +49,7 @@ def log_loss_gap(client, run_id: str, summary: list[dict], records: list[dict], 
     import pandas as pd
 
     from analysis.loss_gap import plot_gap
-    from study.record.figures import trial_title, vector_copy
+    from study.results.figures import trial_title, vector_copy
 
     client.log_text(run_id, records_csv(summary), "loss_gap/summary.csv")
     client.log_text(run_id, records_csv(records), "loss_gap/tokens.csv")
@@ -64,7 +64,7 @@ def log_sparsity(client, run_id: str, rows: list[dict], trial_config: dict) -> N
     import pandas as pd
 
     from analysis.sparsity import plot_k
-    from study.record.figures import trial_title, vector_copy
+    from study.results.figures import trial_title, vector_copy
 
     client.log_text(run_id, records_csv(rows), "sparsity/targets.csv")
     k_max = SparsitySpec.model_validate(trial_config["sparsity"]).k_max

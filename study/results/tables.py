@@ -4,13 +4,13 @@
   factors, searched hyperparameters, seed, role (search | replica) and metrics.
 - selected.csv: per study cell, the search trial selected on the objective (in-distribution
   validation by default; trials within its sampling error are tied, the first suggested of them is
-  chosen: study/record/selection.py; `tied`, `chosen_by`), its config, and the mean, minimum and
+  chosen: study/results/selection.py; `tied`, `chosen_by`), its config, and the mean, minimum and
   maximum over the seeds of that config (the selected trial and its replicas) of the summary metrics.
 - summary.csv: per cell x test length x k_test (the model's own ids), the selected config's answer
   accuracy, exact match and answer-token accuracy over its seeds: mean, minimum and maximum, the
   fraction of runs whose exact match reaches EXTRAPOLATES (`runs_solved`) and the number of seeds.
   Few seeds (3) give no interval worth the name; the seeds' range is what they show (docs/statistics.md).
-- the figures (study/record/figures.py): accuracy_vs_length.png, accuracy_by_<factor>.png and, for specs
+- the figures (study/results/figures.py): accuracy_vs_length.png, accuracy_by_<factor>.png and, for specs
   with a `sparsity:` section, sparsity_vs_extrapolation.png, each with a PDF copy beside it.
 """
 
@@ -21,8 +21,8 @@ import os
 
 import pandas as pd
 
-from study.record.figures import describe, plot_accuracy, plot_factor, plot_sparsity, vector_copy
-from study.record.selection import BY_OBJECTIVE, choose, tie_sentence, validation_samples
+from study.results.figures import describe, plot_accuracy, plot_factor, plot_sparsity, vector_copy
+from study.results.selection import BY_OBJECTIVE, choose, tie_sentence, validation_samples
 from study.spec.schema import StudySpec
 from trial import metrics
 
@@ -70,7 +70,7 @@ def planned_order(trial: dict) -> tuple:
 
 def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
     """Per cell, the selected trial: with a search the best search trial on the objective, trials
-    within its sampling error tied and the first suggested of them chosen (study/record/selection.py;
+    within its sampling error tied and the first suggested of them chosen (study/results/selection.py;
     `tied` counts them, `chosen_by` says which rule chose), without a search the cell's first seed;
     `seeds` counts the runs of its config."""
     if results.empty:

@@ -1,0 +1,87 @@
+"""The seam between a study and its record: the events a study sends, in the order it sends them,
+and the registry of the records it can send them to.
+
+A study (study/experiment/tuning.py) speaks only to a `Recorder`: it never names MLflow. MLflow is
+one implementation (study/record/mlflow/); a new one is a class in a module of its own plus its line
+in `RECORDERS`, chosen with `python study/run.py --recorder NAME`. Tune's own JSON, CSV and
+TensorBoard loggers and its W&B callback already record a trial's results: a user who wants those adds
+Tune's callback, not a recorder.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+# name -> "module:Class", imported only when chosen: a study that records elsewhere never imports MLflow
+RECORDERS = {"mlflow": "study.record.mlflow.recorder:MlflowRecorder"}
+
+
+class RecordRefused(ValueError):
+    """The record a study would use cannot be used (a deleted experiment, ...); one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class TrialInfo:
+    """What a record knows of a trial: Tune's id, its cell, its role (search | replica), the trial
+    config it trains (trial/config.py, as JSON), its searched values, and when it was scheduled."""
+
+    trial_id: str
+    cell: int
+    role: str
+    config: dict[str, Any] = field(hash=False)
+    params: dict[str, Any] = field(hash=False)
+    scheduled_at: float = 0.0
+
+
+class Recorder(Protocol):
+    """What a study tells its record. Events come in the order they happen, from the driver;
+    `errors` are what a record that does not answer raises (the study goes on without it: its
+    results are in storage). `trial_done` of a trial comes before the `snapshot_stored` that makes
+    it resumable; a record that marks runs finished waits for that."""
+
+    errors: ClassVar[tuple[type[BaseException], ...]]
+
+    @classmethod
+    def check(cls, spec, study_dir: str, uri: str, identity) -> str | None:
+        """Before Ray starts: raise RecordRefused if the record cannot take this study; the name
+        the study records under (None: not known yet, the record does not answer)."""
+
+    @staticmethod
+    def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
+        """For `python -m study.report NAME`: the newest study `name`'s report files (results.csv,
+        study_spec.json) downloaded into `into`, and where they came from; LookupError if none."""
+
+    def study_started(self) -> None: ...
+    def trial_started(self, trial: TrialInfo) -> None: ...
+    def trial_result(self, trial: TrialInfo, result: dict[str, Any]) -> None: ...
+    def trial_checkpoint(self, trial: TrialInfo, uri: str) -> None: ...
+    def trial_done(self, trial: TrialInfo, result: dict[str, Any]) -> None: ...
+    def trial_error(self, trial: TrialInfo, reason: str) -> None: ...
+    def snapshot_stored(self) -> None: ...
+
+    def flush(self, wait_s: float | None = None) -> None:
+        """Record every event held, trying for up to `wait_s`; raise one of `errors` if it cannot."""
+
+    def reconcile(self, terminated: set[str], known: set[str]) -> list[str]:
+        """Agree with the experiment Tune finished with (a resume redoes trials a killed driver
+        started): drop the records of unknown trials; returns what was dropped."""
+
+    def selection(self, selected) -> None:
+        """The trial each cell selected, and its means over seeds (study/record/report.py's table)."""
+
+    def study_finished(self, status: str, metrics: dict[str, float] | None = None,
+                       files: dict[str, str] | None = None) -> None:
+        """FINISHED, FAILED or KILLED, with the study's own metrics and its report files."""
+
+    def where(self) -> list[str]:
+        """Lines for the terminal that say where to look at the record."""
+
+
+def recorder_class(name: str) -> type[Recorder]:
+    """The registered recorder `name` (a KeyError names the known ones)."""
+    if name not in RECORDERS:
+        raise KeyError(f"--recorder: {name!r} is not one of {sorted(RECORDERS)}")
+    module, _, cls = RECORDERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
