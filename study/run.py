@@ -132,10 +132,9 @@ def run_command(args) -> int:
         pin_extension_builds()  # the trials' build folder and ninja, inherited by the embedded Ray
         os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
     tracking_uri = _tracking_uri(args, storage, study_dir)
-    recorder = recorder_class(args.recorder)
-    _checked_record(recorder, spec, study_dir, tracking_uri, stored)
-    (selected, summary, files, failed, unrecorded), recorder = _run_locked(args, spec, study_dir, recorder, tracking_uri,
-                                                                            address, concurrency, stored)
+    _checked_record(args.recorder, spec, study_dir, tracking_uri, stored)
+    (selected, summary, files, failed, unrecorded), recorder = _run_locked(args, spec, study_dir, tracking_uri, address,
+                                                                            concurrency, stored)
     print("\n".join(closing_lines(spec, selected, summary, files, recorder)))
     chosen = set(selected["cell"]) if "cell" in selected else set()
     unselected = [c.label for c in spec.cells() if c.label not in chosen]
@@ -245,13 +244,13 @@ def _check_lock_file(study_dir: str) -> None:
                    "nothing was changed. If no driver runs this study, delete the file and run again") from None
 
 
-def _checked_record(recorder, spec: StudySpec, study_dir: str, tracking_uri: str, stored) -> str | None:
+def _checked_record(name: str, spec: StudySpec, study_dir: str, tracking_uri: str, stored) -> None:
     """The record the study would use, checked before Ray starts (the recorder's `check`): one that
     cannot be used (a deleted experiment) is refused here, not in a traceback once the cluster runs."""
     try:
-        return recorder.check(spec, study_dir, tracking_uri, stored)
+        recorder_class(name).check(spec, study_dir, tracking_uri, stored)
     except RecordRefused as e:
-        raise StudyExit(EXIT_BAD_INPUT, f"error: {recorder_name(recorder)}: {e}") from None
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {name}: {e}") from None
     except Exception as e:  # a SQLite store on a full disk raises neither: say so, as a study does
         from trial import storage as store
 
@@ -275,16 +274,10 @@ def _tracking_uri(args, storage: str, study_dir: str) -> str:
     return args.mlflow_uri or f"sqlite:///{storage}/mlflow.db"
 
 
-def recorder_name(recorder) -> str:
-    """The name a recorder class is registered under, for error lines."""
-    path = f"{recorder.__module__}:{recorder.__name__}"
-    return next((name for name, where in RECORDERS.items() if where == path), recorder.__name__)
-
-
-def _run_locked(args, spec: StudySpec, study_dir: str, recorder, tracking_uri: str, address: str | None,
+def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, address: str | None,
                 concurrency: int | None, stored):
-    """run_study under the study's driver lock, recording with an instance of `recorder`; returns
-    its results and the recorder. Each way a study stops early becomes a StudyExit."""
+    """run_study under the study's driver lock, recording with the recorder `--recorder` names;
+    returns its results and the recorder. Each way a study stops early becomes a StudyExit."""
     from study.experiment.lock import StudyLocked, driver_lock
     from study.experiment.tuning import Terminated, run_study
     from study.record import identity as ident
@@ -294,7 +287,7 @@ def _run_locked(args, spec: StudySpec, study_dir: str, recorder, tracking_uri: s
         with driver_lock(study_dir):
             identity = stored if args.resume else ident.create(spec, study_dir)
             print("\n".join(plan_lines(spec, concurrency)), flush=True)
-            record = recorder(spec, tracking_uri, study_dir, identity)
+            record = recorder_class(args.recorder)(spec, tracking_uri, study_dir, identity)
             return run_study(spec, study_dir, record, address, concurrency, args.resume, args.verbose), record
     except StudyLocked as e:  # before anything of the study was touched
         raise StudyExit(EXIT_BAD_INPUT, f"error: {e}") from None

@@ -44,9 +44,9 @@ class Recorder(Protocol):
     errors: ClassVar[tuple[type[BaseException], ...]]
 
     @classmethod
-    def check(cls, spec, study_dir: str, uri: str, identity) -> str | None:
-        """Before Ray starts: raise RecordRefused if the record cannot take this study; the name
-        the study records under (None: not known yet, the record does not answer)."""
+    def check(cls, spec, study_dir: str, uri: str, identity) -> None:
+        """Before Ray starts: raise RecordRefused if the record cannot take this study (a record
+        that does not answer now is not refused: its events wait for it)."""
 
     @staticmethod
     def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
@@ -69,7 +69,7 @@ class Recorder(Protocol):
         started): drop the records of unknown trials; returns what was dropped."""
 
     def selection(self, selected) -> None:
-        """The trial each cell selected, and its means over seeds (study/record/report.py's table)."""
+        """The trial each cell selected, and its means over seeds (study/results/tables.py's table)."""
 
     def study_finished(self, status: str, metrics: dict[str, float] | None = None,
                        files: dict[str, str] | None = None) -> None:

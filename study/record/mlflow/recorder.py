@@ -118,13 +118,13 @@ class MlflowRecorder:
         self.last_error = ""  # what MLflow last answered instead of taking an event
 
     @classmethod
-    def check(cls, spec: StudySpec, study_dir: str, uri: str, identity: StudyIdentity | None) -> str | None:
-        """The experiment the study would record to; a deleted one is RecordRefused. None where
-        MLflow does not answer now (the recorder waits for it)."""
+    def check(cls, spec: StudySpec, study_dir: str, uri: str, identity: StudyIdentity | None) -> None:
+        """The experiment the study would record to: a deleted one is RecordRefused. MLflow not
+        answering now is not refused (the events wait for it)."""
         try:
-            return study_experiment(MlflowClient(uri), spec, artifact_root(study_dir, uri, spec.name), identity)[1]
+            study_experiment(MlflowClient(uri), spec, artifact_root(study_dir, uri, spec.name), identity)
         except (MlflowException, OSError):
-            return None
+            pass
 
     @staticmethod
     def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
