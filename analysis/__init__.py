@@ -1,17 +1,21 @@
-"""Analyses of a trained model, run after training when a trial config asks for them.
+"""Analyses of a trained model, run after training when a trial config has their section.
 
 - loss_gap: how sparse is real text (the loss gap L_short - L_long and what k tokens recover);
-- sparsity: the sparsity meter (how many earlier tokens each target's prediction needs).
+- sparsity: the sparsity meter (how many earlier tokens each target's prediction needs);
+- hf_model: a Hugging Face causal LM the analysis commands measure (`--hf`).
 
-Each module's `after_training(module, task, cfg, device) -> (metrics, extra records)` is registered
-here by the name of its trial-config section. The training loop (trial/loop.py) is handed this
-registry by whoever runs it (study/experiment/ray_trial.py, study/train.py) and never imports an analysis.
+An analysis is one module with one `trial.analyses.Analysis` subclass (its section's settings, its
+checks, memory, metrics, run and artifacts), registered below by one line: importing this package
+is what lets a trial config take its section. docs/trial.md, "Adding an analysis".
 
 May import: tasks, models, trial. Imported by: study.
 """
 
 from __future__ import annotations
 
-from analysis import loss_gap, sparsity
+from analysis.loss_gap import LossGapSpec
+from analysis.sparsity import SparsitySpec
+from trial.analyses import register
 
-ANALYSES = {"loss_gap": loss_gap.after_training, "sparsity": sparsity.after_training}
+register(LossGapSpec)
+register(SparsitySpec)

@@ -16,13 +16,83 @@ import math
 import os
 import time
 import zlib
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
 
-from trial.analysis_specs import LossGapSpec
+from trial.analyses import Analysis
+from trial.limits import (
+    HELD_TOKEN,
+    MAX_BATCH,
+    MAX_POSITION,
+    MAX_SAMPLES,
+    Piece,
+    activation_bytes,
+    logits_bytes,
+)
+from trial.metrics import Metric
+
+
+class LossGapSpec(Analysis):
+    """After training a language model: how much of the short-to-long loss gap k tokens recover
+    (the trial config's `loss_gap:` section, and `python -m study.loss_gap`'s settings). long_context
+    is L_bar, short_context is L."""
+
+    name: ClassVar[str] = "loss_gap"
+    metrics: ClassVar[tuple[Metric, ...]] = (Metric("loss_gap/*", "end"),)
+    tables: ClassVar[tuple[str, ...]] = ("summary", "records")
+
+    long_context: int = Field(256, ge=2, le=MAX_POSITION)
+    short_context: int = Field(32, ge=1)
+    ks: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [1, 2, 4, 8], min_length=1)
+    method: Literal["greedy", "gain", "occlusion", "attention"] = "gain"
+    targets: int = Field(64, ge=1, le=MAX_SAMPLES)
+    rows_per_batch: int = Field(64, ge=1, le=MAX_BATCH, description="visibility patterns per forward pass")
+    min_gap: float = Field(0.05, ge=0, description="tokens whose L_short - L_long is below this are too flat to count")
+    sparse_k: int = Field(4, ge=1, description="a token is 'sparse' when k tokens recover half its gap")
+
+    @model_validator(mode="after")
+    def _fits(self) -> LossGapSpec:
+        if not self.short_context < self.long_context:
+            raise ValueError(f"short_context: {self.short_context} must be below long_context {self.long_context}")
+        if max(self.ks) > self.long_context - self.short_context:
+            raise ValueError(f"ks: each k must be in [1, long_context - short_context = "
+                             f"{self.long_context - self.short_context}], got {self.ks}")
+        if self.sparse_k not in self.ks:
+            raise ValueError(f"sparse_k: {self.sparse_k} must be one of ks {self.ks}")
+        return self
+
+    def check(self, cfg) -> None:
+        task, max_pos = cfg.task_instance, cfg.positional.max_position
+        if task.evaluation != "loss":
+            raise ValueError(f"loss_gap: needs a language-modeling task (task.name: lm), not {task.name!r}")
+        if self.long_context >= max_pos:
+            raise ValueError(f"loss_gap.long_context: {self.long_context} needs ids beyond "
+                             f"positional.max_position {max_pos}")
+
+    def memory(self, cfg, arch) -> list[Piece]:
+        """Its windows (targets x long_context) and one forward batch of rows_per_batch of them."""
+        seq = self.long_context + 1
+        windows = self.targets * seq * HELD_TOKEN
+        batch = activation_bytes(arch, self.rows_per_batch, seq, 1, False) + logits_bytes(arch, self.rows_per_batch,
+                                                                                          seq, 2)
+        return [Piece("loss_gap.targets" if windows > batch else "loss_gap.rows_per_batch",
+                      f"loss_gap: {self.targets} windows of {seq} tokens (loss_gap.long_context) and a forward "
+                      f"batch of {self.rows_per_batch} of them", windows + batch)]
+
+    def run(self, module, task, cfg, device) -> tuple[dict, dict[str, list[dict]]]:
+        """Flat `loss_gap/...` metrics; the summary per k and the token rows."""
+        metrics, summary, tokens = gap_metrics(module, task, self, cfg.seed, device)
+        return metrics, {"summary": summary, "records": tokens}
+
+    def write_artifacts(self, tables: dict[str, list[dict]], folder: str, title: str) -> None:
+        pd.DataFrame(tables["summary"]).to_csv(os.path.join(folder, "summary.csv"), index=False)
+        pd.DataFrame(tables["records"]).to_csv(os.path.join(folder, "tokens.csv"), index=False)
+        plot_gap(pd.DataFrame(tables["records"]), os.path.join(folder, "gap_scatter.png"), f"loss gap: {title}")
 
 
 class TargetScorer:
@@ -243,13 +313,6 @@ def gap_metrics(module, task, cfg: LossGapSpec, seed: int, device) -> tuple[dict
     return metrics, summary.to_dict("records"), token_rows.to_dict("records")
 
 
-def after_training(module, task, cfg, device) -> tuple[dict, dict]:
-    """The training loop's call (registered as `loss_gap`, analysis/__init__.py): flat `loss_gap/...`
-    metrics, and the summary and token rows."""
-    metrics, summary, tokens = gap_metrics(module, task, cfg.loss_gap, cfg.seed, device)
-    return metrics, {"loss_gap_summary": summary, "loss_gap_records": tokens}
-
-
 def plot_gap(records: pd.DataFrame, path: str, title: str = "") -> str:
     """Figure 4 analogue: loss drop from k tokens against the drop from the whole distant context;
     `title` says what was measured. A PDF beside the PNG."""
@@ -273,42 +336,3 @@ def plot_gap(records: pd.DataFrame, path: str, title: str = "") -> str:
     fig.savefig(os.path.splitext(path)[0] + ".pdf", metadata={"CreationDate": None})
     plt.close(fig)
     return path
-
-
-class HFCausalLM(torch.nn.Module):
-    """A Hugging Face causal LM behind the DecoderLM call signature (logits first; `visible` as a
-    4D mask), so the same analysis measures a real LLM. `transformers` is an optional extra."""
-
-    def __init__(self, path: str, attention: bool = False):
-        super().__init__()
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager" if attention else None)
-
-    def forward(self, tokens, position_ids, visible=None, cache=None):
-        mask = None
-        if visible is not None:
-            T = tokens.shape[1]
-            mask = (visible & torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril())[:, None]
-        return self.model(input_ids=tokens, position_ids=position_ids, attention_mask=mask).logits, None, None
-
-    @torch.no_grad()
-    def attention_mass(self, window: torch.Tensor) -> torch.Tensor:
-        context = window[:-1][None]
-        out = self.model(input_ids=context, output_attentions=True)
-        return sum(a[0, :, -1].mean(0) for a in out.attentions)
-
-
-def hf_tokens(path: str, text_tokens_fallback: np.ndarray) -> np.ndarray:
-    """Token ids for a Hugging Face model: its tokenizer when the folder has one, else the corpus's
-    byte ids (a byte-level model, e.g. the tiny test model)."""
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        return text_tokens_fallback
-    from tasks.lm import decode_text
-
-    text = decode_text(text_tokens_fallback).replace("<eos>", "\n")
-    return np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)

@@ -18,13 +18,124 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
 import torch
+from pydantic import Field
 
 from analysis.loss_gap import ResampleScorer, TargetScorer, analyze_window, sample_windows
 from models.positions import PositionalScheme
+from tasks import TaskParamError
+from trial.analyses import Analysis
+from trial.limits import MAX_BATCH, MAX_POSITION, MAX_SAMPLES, Piece, activation_bytes, logits_bytes
+from trial.metrics import Metric
+
+
+class SparsitySpec(Analysis):
+    """After training: the sparsity meter (analysis/sparsity.py), per target token the smallest k of
+    earlier tokens that recovers `recover` of its loss gap, checked against the planted
+    dependencies on synthetic tasks (the trial config's `sparsity:` section, and `python -m
+    study.sparsity`'s settings)."""
+
+    name: ClassVar[str] = "sparsity"
+    metrics: ClassVar[tuple[Metric, ...]] = (
+        Metric("sparsity/k_match", "end", True), Metric("sparsity/precision", "end", True),
+        Metric("sparsity/recall", "end", True), Metric("sparsity/*", "end"))
+    report_columns: ClassVar[tuple[str, ...]] = (
+        "sparsity/k_median", "sparsity/k_p90", "sparsity/k_match", "sparsity/precision", "sparsity/recall",
+        "sparsity/targets_flat")
+    tables: ClassVar[tuple[str, ...]] = ("targets",)
+
+    method: Literal["occlusion", "greedy", "gain", "attention"] = Field(
+        "occlusion", description="how the k tokens are ranked (greedy and gain cannot find an xor's bits)")
+    ablation: Literal["auto", "resample", "hide"] = Field(
+        "auto", description="how a token is taken away: resample its value (synthetic tasks, the default "
+        "there) or hide it from attention (the paper's truncation; text)")
+    targets: int = Field(256, ge=1, le=MAX_SAMPLES)
+    k_max: int = Field(8, ge=1, le=4096)
+    recover: float = Field(0.9, gt=0, le=1, description="share of the gap k tokens must recover")
+    min_gap: float = Field(0.1, ge=0, description="targets with a smaller gap are counted as flat")
+    draws: int = Field(16, ge=1, le=4096, description="resample: redraws per visibility pattern")
+    short_context: int | None = Field(
+        None, ge=0, description="tokens before the target always kept (default: 0 resample, 1 hide, 32 text)")
+    long_context: int = Field(256, ge=2, le=MAX_POSITION, description="text: context before each target")
+    length: int | None = Field(None, ge=1, description="synthetic: measure at this length (default: training mix)")
+    k: int | None = Field(None, ge=1, description="synthetic k-tasks: measure at this k")
+    rows_per_batch: int = Field(256, ge=1, le=MAX_BATCH)
+
+    def resolve(self, task) -> tuple[str, int]:
+        """(ablation, short_context) after the defaults: resample where the task has value classes."""
+        ablation = self.ablation
+        if ablation == "auto":
+            ablation = "resample" if task.value_classes() else "hide"
+        if ablation == "resample" and not task.value_classes():
+            raise ValueError(f"sparsity.ablation: resample needs value classes; task {task.name!r} has none "
+                             "(use hide)")
+        short = self.short_context
+        if short is None:
+            short = 32 if task.evaluation == "loss" else (0 if ablation == "resample" else 1)
+        if ablation == "hide" and short < 1:
+            raise ValueError("sparsity.short_context: hide needs >= 1 (the predicting token sees itself)")
+        return ablation, short
+
+    def check(self, cfg) -> None:
+        """That this section can measure trial config `cfg`'s task with its ids, or a ValueError
+        naming the field."""
+        s, task, max_pos, ids_needed = self, cfg.task_instance, cfg.positional.max_position, cfg.ids_needed
+        _, short = s.resolve(task)  # raises naming sparsity.ablation / sparsity.short_context
+        if task.evaluation == "loss":
+            for name in ("length", "k"):
+                if getattr(s, name) is not None:
+                    raise ValueError(f"sparsity.{name}: for synthetic tasks only; text uses sparsity.long_context")
+            if s.long_context >= max_pos:
+                raise ValueError(f"sparsity.long_context: {s.long_context} needs ids beyond "
+                                 f"positional.max_position {max_pos}")
+            if short >= s.long_context:
+                raise ValueError(f"sparsity.short_context: {short} must be below long_context {s.long_context}")
+            if s.k_max > s.long_context - short:
+                raise ValueError(f"sparsity.k_max: {s.k_max} is more than the {s.long_context - short} "
+                                 "tokens before the short window")
+            return
+        if s.k is not None and not task.uses_k:
+            raise ValueError(f"sparsity.k: task {task.name!r} has no k axis")
+        if s.length is not None:
+            try:
+                task.check(s.length, s.k)
+            except TaskParamError as e:
+                raise ValueError(f"sparsity.{'length' if e.param == 'length' else 'k'}: {e.detail}") from None
+            need = ids_needed(s.length, s.k)
+            if need >= max_pos:
+                raise ValueError(f"sparsity.length: {s.length} needs position id {need}, beyond "
+                                 f"positional.max_position {max_pos}")
+        elif s.k is not None:
+            try:
+                task.check(task.train_length, s.k)
+            except TaskParamError as e:
+                raise ValueError(f"sparsity.k: {e.detail}") from None
+
+    def memory(self, cfg, arch) -> list[Piece]:
+        """One forward batch of rows_per_batch sequences."""
+        task = cfg.task_instance
+        train_k = task.train_k if task.uses_k else None
+        seq = self.long_context + 1 if task.evaluation == "loss" else task.max_seq_len(
+            self.length or task.train_length, self.k or train_k)
+        return [Piece("sparsity.rows_per_batch", f"sparsity: a forward batch of {self.rows_per_batch} "
+                      f"sequences of {seq} tokens", activation_bytes(arch, self.rows_per_batch, seq, 1, False)
+                      + logits_bytes(arch, self.rows_per_batch, seq, 2))]
+
+    def run(self, module, task, cfg, device) -> tuple[dict, dict[str, list[dict]]]:
+        """Flat `sparsity/...` metrics, and the per-target rows."""
+        table, info = run_meter(module, task, cfg.positional.scheme, self, cfg.seed, device)
+        metrics = {f"sparsity/{k}": v for k, v in summarize(table, self.k_max).items()}
+        metrics["sparsity/seconds_per_1k_targets"] = info["seconds_per_1k_targets"]
+        return metrics, {"targets": csv_ready(table).to_dict("records")}
+
+    def write_artifacts(self, tables: dict[str, list[dict]], folder: str, title: str) -> None:
+        rows = pd.DataFrame(tables["targets"])
+        rows.to_csv(os.path.join(folder, "targets.csv"), index=False)
+        plot_k(rows, self.k_max, os.path.join(folder, "k_hist.png"), f"sparsity meter: {title}")
 
 
 @dataclass
@@ -164,7 +275,7 @@ def by_kind(table: pd.DataFrame, k_max: int) -> pd.DataFrame:
 
 def run_meter(model, task, scheme: PositionalScheme, spec, seed: int, device="cpu", progress=None,
               text_tokens: np.ndarray | None = None) -> tuple[pd.DataFrame, dict]:
-    """The meter on one trained model as a `sparsity:` section asks (spec: trial.analysis_specs.SparsitySpec);
+    """The meter on one trained model as a `sparsity:` section asks (spec: SparsitySpec, above);
     text_tokens: the text for a language model (default: the task's validation split)."""
     ablation, short = spec.resolve(task)
     if task.evaluation == "loss":
@@ -179,15 +290,6 @@ def run_meter(model, task, scheme: PositionalScheme, spec, seed: int, device="cp
                             seed=seed, device=device, progress=progress)
     table = add_plant_scores(table)
     return table, {**timing, "ablation": ablation, "short_context": short}
-
-
-def after_training(module, task, cfg, device) -> tuple[dict, dict]:
-    """The training loop's call (registered as `sparsity`, analysis/__init__.py): flat
-    `sparsity/...` metrics, and the per-target rows under `sparsity_targets`."""
-    table, info = run_meter(module, task, cfg.positional.scheme, cfg.sparsity, cfg.seed, device)
-    metrics = {f"sparsity/{k}": v for k, v in summarize(table, cfg.sparsity.k_max).items()}
-    metrics["sparsity/seconds_per_1k_targets"] = info["seconds_per_1k_targets"]
-    return metrics, {"sparsity_targets": csv_ready(table).to_dict("records")}
 
 
 def csv_ready(table: pd.DataFrame) -> pd.DataFrame:

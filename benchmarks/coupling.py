@@ -101,7 +101,7 @@ def _run_trial(job: dict) -> dict:
     import logging
 
     logging.disable(logging.WARNING)
-    from analysis import ANALYSES
+    import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
     from trial.config import TrialConfig
     from trial.loop import train_loop_per_worker
     from trial.session import LocalSession
@@ -121,7 +121,7 @@ def _run_trial(job: dict) -> dict:
     start = time.time()
     with open(os.devnull, "w") as quiet:
         session = Tracking(quiet)
-        out = train_loop_per_worker(job["trial"], session, ANALYSES)
+        out = train_loop_per_worker(job["trial"], session)
     own = TrialConfig.model_validate(job["trial"]).positional.scheme.own_ids
     rows = [
         {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"],

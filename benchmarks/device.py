@@ -181,7 +181,7 @@ def step_reference(out: Path, shrink: bool, partial: Path, deadline: float) -> d
     """Calibrate, plan the largest budget that fits, train it, score best and last."""
     import pandas as pd
 
-    from analysis import ANALYSES
+    import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
     from trial.loop import train_loop_per_worker
 
     cfg = reference_config(shrink)
@@ -192,14 +192,14 @@ def step_reference(out: Path, shrink: bool, partial: Path, deadline: float) -> d
         "warmup_steps"])}, "eval": {"every_steps": calibration // 2}})
     session = ProgressFile(None)
     try:
-        train_loop_per_worker(calib_cfg, session, ANALYSES)
+        train_loop_per_worker(calib_cfg, session)
     except Exception as e:  # noqa: BLE001  a compile that fails here must not cost the measurement
         if calib_cfg["deepspeed"].get("compile") is False:
             raise
         print(f"reference: the compiled step failed ({type(e).__name__}: {e}); going on eager", flush=True)
         cfg["deepspeed"]["compile"] = calib_cfg["deepspeed"]["compile"] = False
         t0, session = time.time(), ProgressFile(None)
-        train_loop_per_worker(calib_cfg, session, ANALYSES)
+        train_loop_per_worker(calib_cfg, session)
     calib_wall = time.time() - t0
     first, last = session.reports[0], session.reports[-1]
     first_step = first.get("startup/first_step_s", 0.0)  # the first report holds the start-up
@@ -217,7 +217,7 @@ def step_reference(out: Path, shrink: bool, partial: Path, deadline: float) -> d
     cfg["optim"]["steps"] = steps
     t0 = time.time()
     session = ProgressFile(out / "reference_progress.csv")
-    result = train_loop_per_worker(cfg, session, ANALYSES)
+    result = train_loop_per_worker(cfg, session)
     wall = time.time() - t0
     records = pd.DataFrame(result["records"])
     records.to_csv(out / "reference_eval.csv", index=False)

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import yaml
 
-    from analysis import ANALYSES
+    import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
     from study.spec.schema import set_path  # the dotted-path setter study specs use
     from trial.config import TrialConfig
     from trial.loop import load_trained, train_loop_per_worker
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
 
     with tempfile.TemporaryDirectory() as folder:
-        train_loop_per_worker(cfg, FolderSession(folder), ANALYSES)
+        train_loop_per_worker(cfg, FolderSession(folder))
         _, task, model = load_trained(folder)
 
     pos = cfg.positional

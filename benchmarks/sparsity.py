@@ -154,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import pandas as pd
 
-    from analysis import ANALYSES
-    from analysis.sparsity import run_meter, summarize
-    from trial.analysis_specs import SparsitySpec
+    from analysis.sparsity import SparsitySpec, run_meter, summarize
     from trial.config import TrialConfig
     from trial.loop import load_trained, train_loop_per_worker
     from trial.session import FolderSession
@@ -168,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             cfg = TrialConfig.model_validate({**base, "seed": seed})
             with tempfile.TemporaryDirectory() as folder:
-                out = train_loop_per_worker(cfg, FolderSession(folder), ANALYSES)
+                out = train_loop_per_worker(cfg, FolderSession(folder))
                 trial, task, model = load_trained(folder)
             val = out["metrics"]["val_exact"]
             for method, ablation in METHODS:

@@ -16,9 +16,9 @@ import sys
 import numpy as np
 from pydantic import ValidationError
 
-from analysis.loss_gap import HFCausalLM, hf_tokens, plot_gap, run_analysis, sample_windows, summarize_gap
+from analysis.hf_model import HFCausalLM, hf_tokens
+from analysis.loss_gap import LossGapSpec, plot_gap, run_analysis, sample_windows, summarize_gap
 from study.model_source import add_model_source, checkpoint_of_run
-from trial.analysis_specs import LossGapSpec
 from trial.yaml_io import describe_errors
 
 

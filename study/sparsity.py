@@ -17,10 +17,9 @@ import sys
 import numpy as np
 from pydantic import ValidationError
 
-from analysis.sparsity import by_kind, csv_ready, plot_k, run_meter, summarize
+from analysis.sparsity import SparsitySpec, by_kind, csv_ready, plot_k, run_meter, summarize
 from models.positions import PositionalScheme
 from study.model_source import add_model_source, checkpoint_of_run
-from trial.analysis_specs import SparsitySpec
 from trial.yaml_io import describe_errors
 
 
@@ -55,7 +54,7 @@ def model_of(args: argparse.Namespace, spec: SparsitySpec):
         # the same checks as a `sparsity:` section of that trial (a ValidationError)
         TrialConfig.model_validate({**trial.model_dump(), "sparsity": spec.model_dump()})
         return model, task, trial.positional.scheme, None
-    from analysis.loss_gap import HFCausalLM, hf_tokens
+    from analysis.hf_model import HFCausalLM, hf_tokens
     from tasks import get_task
 
     if spec.ablation == "resample":

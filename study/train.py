@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from analysis import ANALYSES
+import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
 from study.spec import overrides as override
 from trial.config import TrialConfig
 from trial.limits import fits
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     try:
-        result = train_loop_per_worker(cfg, analyses=ANALYSES)
+        result = train_loop_per_worker(cfg)
     except Diverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

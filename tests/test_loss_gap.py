@@ -8,10 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from analysis import ANALYSES
-from analysis.loss_gap import TargetScorer, plot_gap, run_analysis, summarize_gap
+from analysis.loss_gap import LossGapSpec, TargetScorer, plot_gap, run_analysis, summarize_gap
 from models import DecoderLM, ModelConfig
-from trial.analysis_specs import LossGapSpec
 from trial.session import FolderSession
 
 
@@ -139,7 +137,7 @@ def trained_lm(tmp_path_factory):
         "loss_gap": {"long_context": 64, "short_context": 2, "ks": [1, 4], "targets": 48, "sparse_k": 4},
         "seed": 0,
     }
-    out = train_loop_per_worker(cfg, FolderSession(folder), ANALYSES)
+    out = train_loop_per_worker(cfg, FolderSession(folder))
     return out, folder
 
 

@@ -12,12 +12,18 @@ import pytest
 import torch
 import yaml
 
-from analysis import ANALYSES
 from analysis.loss_gap import ResampleScorer
-from analysis.sparsity import add_plant_scores, measure, plot_k, run_meter, summarize, synthetic_targets
+from analysis.sparsity import (
+    SparsitySpec,
+    add_plant_scores,
+    measure,
+    plot_k,
+    run_meter,
+    summarize,
+    synthetic_targets,
+)
 from models.positions import PositionalScheme
 from tasks import get_task
-from trial.analysis_specs import SparsitySpec
 from trial.config import TrialConfig
 from trial.session import FolderSession
 
@@ -176,7 +182,7 @@ def train(tmp_path_factory, name, cfg):
     from trial.loop import train_loop_per_worker
 
     folder = tmp_path_factory.mktemp(name) / "ckpt"
-    out = train_loop_per_worker(cfg, FolderSession(str(folder)), ANALYSES)
+    out = train_loop_per_worker(cfg, FolderSession(str(folder)))
     return out["metrics"], str(folder)
 
 

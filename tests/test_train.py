@@ -165,15 +165,6 @@ def test_bad_configs_name_the_field(change, field):
     assert any(line.startswith(field + ":") for line in text.splitlines()), text
 
 
-def test_an_analysis_the_config_asks_for_but_nobody_handed_in_fails_before_training():
-    """The loop runs analyses it is handed (analysis.ANALYSES) and imports none: a `sparsity:`
-    section with no `sparsity` analysis is refused at once, not after the training it would waste."""
-    rec = Recorder()
-    with pytest.raises(ValueError, match="^sparsity: no analysis"):
-        train_loop_per_worker(config(sparsity={"targets": 4, "k_max": 2}), rec, analyses={"loss_gap": None})
-    assert rec.reports == []
-
-
 def test_cli_prints_the_evaluation_table(tmp_path):
     import yaml
 

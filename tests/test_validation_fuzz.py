@@ -518,8 +518,14 @@ def schema_fields(model, prefix: str = "") -> list[str]:
 
     from pydantic import BaseModel
 
+    from trial.analyses import REGISTERED
+
     fields = []
     for name, info in model.model_fields.items():
+        if name == "analyses":  # the registered analyses' sections, each under its own name
+            for section, cls in REGISTERED.items():
+                fields += schema_fields(cls, f"{prefix}{section}.")
+            continue
         ann = info.annotation
         union = typing.get_origin(ann) in (typing.Union, types.UnionType)
         options = typing.get_args(ann) if union else (ann,)

@@ -1,7 +1,7 @@
 """What one trial does: its config, the training loop, evaluation, and where it reports.
 
 - config: the trial config (task / positional scheme / model / optim / DeepSpeed / eval), validated
-  before anything starts; analysis_specs: the settings of the analyses run after training; limits:
+  before anything starts; analyses: the seam of the analyses run after training; limits:
   the strictness and size bounds every config class shares; yaml_io: strict YAML reading and
   one-line-per-field error messages; metrics: the catalogue of what a trial reports.
 - loop: `train_loop_per_worker`, the only training loop (in-process, Ray Train local, N workers);

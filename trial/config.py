@@ -14,14 +14,14 @@ from itertools import product
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 import tasks
 from models import DecoderLM, ModelConfig
 from models.decoder import PositionTarget
 from models.positions import Encoding, IdScheme, PositionalScheme
 from trial import metrics
-from trial.analysis_specs import LossGapSpec, SparsitySpec
+from trial.analyses import REGISTERED, Analysis, analysis_sections
 from trial.limits import (
     MAX_BATCH,
     MAX_EVAL_CELLS,
@@ -217,8 +217,8 @@ class TrialConfig(Strict):
     optim: OptimSpec = OptimSpec()
     deepspeed: DeepSpeedSpec = DeepSpeedSpec()
     eval: EvalSpec
-    loss_gap: LossGapSpec | None = None
-    sparsity: SparsitySpec | None = None
+    # the analyses' sections (`sparsity:`), each under its own key in the file (trial/analyses.py)
+    analyses: dict[str, Analysis] = Field(default_factory=dict, exclude=True)
     seed: int = Field(0, ge=0, le=MAX_SEED, description="model init (and data, unless data_seed is set)")
     data_seed: int | None = Field(None, ge=0, le=MAX_SEED, description="training, validation and test "
                                   "data; default: seed (the reference crosses the two)")
@@ -226,7 +226,19 @@ class TrialConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _finite(cls, data: Any) -> Any:
-        return refuse_non_finite(data)
+        return analysis_sections(refuse_non_finite(data))
+
+    @model_serializer(mode="wrap")
+    def _sections_at_the_top(self, handler, info) -> dict:
+        """Each analysis's section under its own key, as the file gives it."""
+        out = handler(self)
+        out.update({name: a.model_dump(mode=info.mode) for name, a in self.analyses.items()})
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        if name in REGISTERED:  # cfg.sparsity: the section, None when not given
+            return self.__dict__["analyses"].get(name)
+        return super().__getattr__(name)
 
     @property
     def data_seed_or_seed(self) -> int:
@@ -254,7 +266,7 @@ class TrialConfig(Strict):
 
     def analyses_on(self) -> list[str]:
         """The analyses this trial runs after training: the names of its sections that are given."""
-        return [name for name in ("loss_gap", "sparsity") if getattr(self, name) is not None]
+        return list(self.analyses)
 
     def grid(self) -> list[tuple[int, int | None]]:
         """Evaluation cells (length, k_test)."""
@@ -323,14 +335,8 @@ class TrialConfig(Strict):
                     f"positional.max_position {max_pos}; raise max_position or drop the length"
                 )
         self._check_tracked_lengths(task, max_pos)
-        if self.loss_gap is not None:
-            if task.evaluation != "loss":
-                raise ValueError(f"loss_gap: needs a language-modeling task (task.name: lm), not {task.name!r}")
-            if self.loss_gap.long_context >= max_pos:
-                raise ValueError(f"loss_gap.long_context: {self.loss_gap.long_context} needs ids beyond "
-                                 f"positional.max_position {max_pos}")
-        if self.sparsity is not None:
-            self.sparsity.check(task, max_pos, self.ids_needed)
+        for analysis in self.analyses.values():
+            analysis.check(self)
         return self
 
     def _check_tracked_lengths(self, task: tasks.Task, max_pos: int) -> None:
@@ -372,10 +378,7 @@ def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
         last -= {"exact_in_dist", "exact_beyond"}
     else:
         last -= {"loss_in_dist", "loss_beyond"}
-    if cfg.loss_gap is not None:  # analysis/loss_gap.py gap_metrics names them
-        last.add("loss_gap/*")
-    if cfg.sparsity is not None:  # analysis/sparsity.py sparsity_metrics names them
-        last.add("sparsity/*")
+    last |= {f"{name}/*" for name in cfg.analyses}  # each analysis reports `{name}/...`
     return every, last
 
 

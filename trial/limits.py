@@ -69,8 +69,7 @@ Distinct = Annotated[list[int], AfterValidator(_distinct)]  # a list of values e
 #   eval.track, eval.select.lengths): one layer's activations at a time, the logits, and generation's
 #   KV cache of every layer;
 # - what is held for the whole run: the validation set, the tracked lengths' and the selection's samples;
-# - the analyses: loss_gap's windows (targets x long_context) and one forward batch of rows_per_batch
-#   windows, sparsity's forward batch (rows_per_batch sequences).
+# - the analyses: what each says it holds while it runs (`Analysis.memory`, analysis/).
 # The model's state and the held samples live for the whole run; of the others (a training step, an
 # evaluation batch, an analysis) one lives at a time: the estimate is the first two and the largest of the
 # others, and the largest piece counted names the field to lower.
@@ -92,7 +91,7 @@ class Piece:
     whole_run: bool = False  # lives for the whole run (else one such piece lives at a time)
 
 
-def _activations(arch, batch: int, seq: int, layers: int, backward: bool) -> int:
+def activation_bytes(arch, batch: int, seq: int, layers: int, backward: bool) -> int:
     """Bytes of `layers` layers' activations for `batch` sequences of `seq` tokens (attention by
     scores: scores, probabilities and a bias per head)."""
     inner = arch.n_heads * arch.d_head
@@ -102,7 +101,7 @@ def _activations(arch, batch: int, seq: int, layers: int, backward: bool) -> int
     return per_layer * (layers if backward else 1)
 
 
-def _logits(arch, batch: int, seq: int, copies: int) -> int:
+def logits_bytes(arch, batch: int, seq: int, copies: int) -> int:
     width = arch.vocab_size + (arch.n_position_classes if arch.position_head else 0)
     return copies * batch * seq * width * FLOAT
 
@@ -123,7 +122,7 @@ def pieces(cfg, workers: int = 1) -> list[Piece]:
               True),
         Piece("optim.batch_size", f"a training step: {micro} sequences of {train_seq} tokens, every layer's "
               "activations kept for the backward pass",
-              _activations(arch, micro, train_seq, arch.n_layers, True) + _logits(arch, micro, train_seq, 3)),
+              activation_bytes(arch, micro, train_seq, arch.n_layers, True) + logits_bytes(arch, micro, train_seq, 3)),
     ]
     longest = [(train_seq, "validation at the train length")]
     longest += [(task.max_seq_len(n, k), f"eval.lengths {n}") for n, k in cfg.grid()]
@@ -132,7 +131,7 @@ def pieces(cfg, workers: int = 1) -> list[Piece]:
                 for n in (e.select.lengths if e.select else [])]
     seq, where = max(longest)
     kv = 2 * arch.n_layers * e.batch_size * seq * arch.n_heads * arch.d_head * FLOAT
-    batch = kv + _activations(arch, e.batch_size, seq, 1, False) + _logits(arch, e.batch_size, seq, 2)
+    batch = kv + activation_bytes(arch, e.batch_size, seq, 1, False) + logits_bytes(arch, e.batch_size, seq, 2)
     parts.append(Piece("eval.batch_size", f"an evaluation batch: {e.batch_size} sequences of {seq} tokens "
                        f"({where}) with generation's KV cache", batch))
     held = -(-e.val_samples // workers) * train_seq
@@ -141,22 +140,8 @@ def pieces(cfg, workers: int = 1) -> list[Piece]:
         held += -(-e.select.samples // workers) * max(task.max_seq_len(n, train_k) for n in e.select.lengths)
     parts.append(Piece("eval.val_samples", "the held-out samples kept for the whole run (validation, "
                        "eval.track, eval.select)", held * HELD_TOKEN, True))
-    if cfg.loss_gap is not None:
-        g = cfg.loss_gap
-        windows = g.targets * (g.long_context + 1) * HELD_TOKEN
-        batch = _activations(arch, g.rows_per_batch, g.long_context + 1, 1, False) + _logits(
-            arch, g.rows_per_batch, g.long_context + 1, 2)
-        parts.append(Piece("loss_gap.targets" if windows > batch else "loss_gap.rows_per_batch",
-                           f"loss_gap: {g.targets} windows of {g.long_context + 1} tokens "
-                           f"(loss_gap.long_context) and a forward batch of {g.rows_per_batch} of them",
-                           windows + batch))
-    if cfg.sparsity is not None:
-        s = cfg.sparsity
-        seq = s.long_context + 1 if task.evaluation == "loss" else task.max_seq_len(
-            s.length or task.train_length, s.k or train_k)
-        parts.append(Piece("sparsity.rows_per_batch", f"sparsity: a forward batch of {s.rows_per_batch} "
-                           f"sequences of {seq} tokens", _activations(arch, s.rows_per_batch, seq, 1, False)
-                           + _logits(arch, s.rows_per_batch, seq, 2)))
+    for analysis in cfg.analyses.values():  # trial/analyses.py: each says what it holds
+        parts += analysis.memory(cfg, arch)
     return parts
 
 

@@ -15,11 +15,11 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
 
+from trial.analyses import table_key
 from trial.batches import StepBatches, training_batches
 from trial.config import TrialConfig
 from trial.evaluate import (
@@ -35,8 +35,6 @@ from trial.session import LocalSession, Session, import_deepspeed, setup_distrib
 from trial.staging import checkpoint_staging, remove_abandoned
 
 CONFIG_FILE = "trial_config.json"
-# an analysis run after training: (module, task, config, device) -> (flat metrics, extra records)
-Analysis = Callable[..., tuple[dict, dict]]
 
 
 class StageClock:
@@ -153,20 +151,16 @@ def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
     return summary
 
 
-def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = None,
-                          analyses: Mapping[str, Analysis] | None = None) -> dict:
+def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = None) -> dict:
     """Train and evaluate one trial. Returns {"metrics": final metrics, "records": grid records}.
     (Longer than the 60 lines a function here aims at: it is the one loop a researcher reads top to
     bottom, set-up, steps and reports, as nanoGPT's train.py.)
 
-    `analyses` maps a trial-config section (`loss_gap`, `sparsity`) to the analysis that runs after
-    training when the section is given (analysis.ANALYSES, handed in by whoever runs the loop)."""
+    The analyses the config has a section of run after training (trial/analyses.py); the loop
+    imports none: a process that validates such a config has imported `analysis`."""
     clock = StageClock()
     cfg = config if isinstance(config, TrialConfig) else TrialConfig.model_validate(config)
     session = session or LocalSession()
-    missing = [name for name in cfg.analyses_on() if name not in (analyses or {})]
-    if missing:  # before training, not after it
-        raise ValueError(f"{missing[0]}: no analysis of that name was handed to the training loop")
     import_deepspeed()  # before the process group is set up, as DeepSpeed expects
     if session.checkpointing:
         remove_abandoned()  # what trials killed mid-report on this machine left
@@ -245,7 +239,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     # the last report: validation, the extrapolation grid and the analyses (also when resumed at the end)
     metrics = progress(cfg.optim.steps)
     t = time.time()
-    records, found, extra = _final_evaluation(engine.module, task, cfg, analyses, rank, world, device)
+    records, found, extra = _final_evaluation(engine.module, task, cfg, rank, world, device)
     metrics.update(found)
     if best is not None:  # the grid again for the selected step: both are scored, as the reference does
         records, found = _with_best(engine.module, task, cfg, best, records, rank, world, device)
@@ -256,17 +250,17 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
     return {"metrics": metrics, "records": records}
 
 
-def _final_evaluation(module, task, cfg: TrialConfig, analyses, rank: int, world: int, device: torch.device):
+def _final_evaluation(module, task, cfg: TrialConfig, rank: int, world: int, device: torch.device):
     """The length grid's records, their summary plus the analyses' metrics, and the analyses'
     records. Every rank runs the analyses (ZeRO-3 forwards are collective)."""
     with _eager():
         records = evaluate_grid(module, task, cfg.positional.scheme, cfg.grid(), cfg.eval.samples_per_cell,
                                 cfg.eval.batch_size, cfg.data_seed_or_seed, rank, world, device)
         found, extra = summarize(records, cfg), {}
-        for name in cfg.analyses_on():
-            metrics_of, records_of = analyses[name](module, task, cfg, device)
+        for name, analysis in cfg.analyses.items():
+            metrics_of, tables = analysis.run(module, task, cfg, device)
             found.update(metrics_of)
-            extra.update(records_of)
+            extra.update({table_key(name, table): rows for table, rows in tables.items()})
     return records, found, extra
 
 

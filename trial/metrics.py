@@ -8,7 +8,8 @@ kind of number it is.
   metric.
 
 A name ending in `/*` is a family (`sparsity/k_median`, ...). The spec's validation (which metric a
-study may select on), the training loop, the tracker and the report read this table.
+study may select on), the training loop, the tracker and the report read this table; each analysis
+adds its own entries when it is registered (trial/analyses.py).
 """
 
 from __future__ import annotations
@@ -49,23 +50,23 @@ CATALOGUE: tuple[Metric, ...] = (
     # Ruoss et al. 2023's per-token accuracy, of greedy generation here (their outputs are not fed back)
     Metric("answer_token_acc", "end", True, doc="answer tokens generated right"),
     Metric("id_match", "end", True, doc="PPC: every predicted id right"),
-    # analyses after training (analysis/)
-    Metric("loss_gap/*", "end"),
-    Metric("sparsity/k_match", "end", True),
-    Metric("sparsity/precision", "end", True),
-    Metric("sparsity/recall", "end", True),
-    Metric("sparsity/*", "end"),
 )
+ANALYSIS_METRICS: list[Metric] = []  # the registered analyses' entries (trial/analyses.py `register`)
 EXTRAPOLATION = ("acc_beyond", "exact_beyond")  # need a test length past the train length
 # the report's columns per trial: always, and where a trial reports them
 SUMMARY = ("val_exact", "val_loss", "acc_in_dist", "acc_beyond", "acc_k_beyond", "exact_in_dist", "exact_beyond")
-OPTIONAL = ("loss_beyond", "sparsity/k_median", "sparsity/k_p90", "sparsity/k_match", "sparsity/precision",
-            "sparsity/recall", "sparsity/targets_flat")
+OPTIONAL = ["loss_beyond"]  # and the registered analyses' report columns
+
+
+def add_metrics(entries: tuple[Metric, ...], report_columns: tuple[str, ...]) -> None:
+    """An analysis's catalogue entries and the report columns it adds where a trial reports them."""
+    ANALYSIS_METRICS.extend(m for m in entries if m not in ANALYSIS_METRICS)
+    OPTIONAL.extend(c for c in report_columns if c not in OPTIONAL)
 
 
 def find(name: str) -> Metric | None:
     """The catalogue's entry for a metric: by its name, else by its family (`sparsity/*`)."""
-    for m in CATALOGUE:
+    for m in (*CATALOGUE, *ANALYSIS_METRICS):
         if m.name == name or (m.name.endswith("/*") and name.startswith(m.name[:-1])):
             return m
     return None

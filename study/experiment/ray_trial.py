@@ -22,7 +22,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from analysis import ANALYSES
+import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
 from study import ray_compat
 from trial.loop import Diverged, train_loop_per_worker
 from trial.storage import join, retry_through_outage
@@ -69,7 +69,7 @@ class _RaySession:
 
 def ray_train_loop(config: dict) -> None:
     """What each Ray Train worker runs."""
-    train_loop_per_worker(config, _RaySession(ray.train), ANALYSES)
+    train_loop_per_worker(config, _RaySession(ray.train))
 
 
 def run_trial(config: dict) -> None:
@@ -92,7 +92,7 @@ def run_trial(config: dict) -> None:
 def _run(trial: dict, res: dict) -> None:
     workers = res["workers_per_trial"]
     if workers == 1:
-        train_loop_per_worker(trial, _RaySession(ray.tune), ANALYSES)
+        train_loop_per_worker(trial, _RaySession(ray.tune))
         return
     context = ray.tune.get_context()
     # Ray Train's controller polls its workers this often, and only then takes their reports and

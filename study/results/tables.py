@@ -27,7 +27,7 @@ from study.spec.schema import StudySpec
 from trial import metrics
 
 SUMMARY_COLUMNS = list(metrics.SUMMARY)
-OPTIONAL_COLUMNS = list(metrics.OPTIONAL)  # kept where a trial reports them (language models, the meter)
+OPTIONAL_COLUMNS = metrics.OPTIONAL  # kept where a trial reports them (language models, the analyses)
 
 
 def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:

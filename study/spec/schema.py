@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
 from study.spec.plan_bounds import check_plan_size
 from trial import metrics
 from trial.config import TaskSpec, TrialConfig, selectable_metrics

@@ -16,8 +16,6 @@ import math
 
 from mlflow.entities import Metric
 
-from trial.analysis_specs import SparsitySpec
-
 
 def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -> None:
     """The tables and figures of a trial's last report (none in earlier reports)."""
@@ -25,10 +23,7 @@ def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -
     if records:
         client.log_text(run_id, records_csv(records), "eval/records.csv")
         log_trial_plot(client, run_id, [r for r in records if r.get("checkpoint", "last") == "last"], trial_config)
-    if result.get("loss_gap_records"):
-        log_loss_gap(client, run_id, result["loss_gap_summary"], result["loss_gap_records"], trial_config)
-    if result.get("sparsity_targets"):
-        log_sparsity(client, run_id, result["sparsity_targets"], trial_config)
+    log_analyses(client, run_id, result, trial_config)
 
 
 def log_trial_plot(client, run_id: str, records: list[dict], trial_config: dict) -> None:
@@ -43,35 +38,21 @@ def log_trial_plot(client, run_id: str, records: list[dict], trial_config: dict)
         client.log_artifact(run_id, png)
         client.log_artifact(run_id, vector_copy(png))
 
-def log_loss_gap(client, run_id: str, summary: list[dict], records: list[dict], trial_config: dict) -> None:
+def log_analyses(client, run_id: str, result: dict, trial_config: dict) -> None:
+    """Each analysis's tables and figures under its name (`sparsity/targets.csv`), as it writes them."""
     import tempfile
 
-    import pandas as pd
+    from study.results.figures import trial_title
+    from trial.analyses import REGISTERED, table_key
 
-    from analysis.loss_gap import plot_gap
-    from study.results.figures import trial_title, vector_copy
+    for name, analysis in REGISTERED.items():
+        tables = {t: result[table_key(name, t)] for t in analysis.tables if result.get(table_key(name, t))}
+        if not tables or not trial_config.get(name):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            analysis.model_validate(trial_config[name]).write_artifacts(tables, tmp, trial_title(trial_config))
+            client.log_artifacts(run_id, tmp, name)
 
-    client.log_text(run_id, records_csv(summary), "loss_gap/summary.csv")
-    client.log_text(run_id, records_csv(records), "loss_gap/tokens.csv")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = plot_gap(pd.DataFrame(records), f"{tmp}/gap_scatter.png", f"loss gap: {trial_title(trial_config)}")
-        client.log_artifact(run_id, path, "loss_gap")
-        client.log_artifact(run_id, vector_copy(path), "loss_gap")
-
-def log_sparsity(client, run_id: str, rows: list[dict], trial_config: dict) -> None:
-    import tempfile
-
-    import pandas as pd
-
-    from analysis.sparsity import plot_k
-    from study.results.figures import trial_title, vector_copy
-
-    client.log_text(run_id, records_csv(rows), "sparsity/targets.csv")
-    k_max = SparsitySpec.model_validate(trial_config["sparsity"]).k_max
-    with tempfile.TemporaryDirectory() as tmp:
-        path = plot_k(pd.DataFrame(rows), k_max, f"{tmp}/k_hist.png", f"sparsity meter: {trial_title(trial_config)}")
-        client.log_artifact(run_id, path, "sparsity")
-        client.log_artifact(run_id, vector_copy(path), "sparsity")
 
 def extrapolation_metrics(records: list[dict], now: int) -> list[Metric]:
     """The grid as MLflow metrics: per k and id mode a curve over length (one key each), and flat
