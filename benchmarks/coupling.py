@@ -93,7 +93,7 @@ CLAIMS: dict[str, list[Claim]] = {
 
 
 def _run_trial(job: dict) -> dict:
-    """One trial in a worker process; returns its grid records (own ids only under PPC)."""
+    """One trial in a worker process; returns its evaluation records (own ids only under PPC)."""
     import torch
 
     torch.set_num_threads(1)
@@ -160,7 +160,7 @@ def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None,
                 trial["eval"] = {**trial.get("eval", {}), "lengths": lengths}
                 pos = trial.get("positional", {})
                 roomy = TrialConfig.model_validate({**trial, "positional": {**pos, "max_position": MAX_POSITION}})
-                need = max(roomy.ids_needed(n, k) for n, k in roomy.grid())
+                need = max(roomy.ids_needed(n, k) for n, k in roomy.eval_points())
                 if need >= pos.get("max_position", PositionalSpec().max_position):
                     # as a user would: make room for the test ids (training shifts ids over all of it)
                     if seed == seeds[0]:

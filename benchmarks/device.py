@@ -37,7 +37,7 @@ STEP_CAPS_S = {"p5": 150, "smoke": 120}  # the reference gets the rest
 SHRUNK_P5 = dict(d_model=64, n_layers=2, n_heads=4, seq=64, batch=4, vocab=128)
 SHRUNK_REFERENCE = {"model": {"d_model": 64, "head_dim": 16, "d_ff": 128},
                     "optim": {"batch_size": 32, "steps": 40, "warmup_steps": 4},
-                    "eval": {"samples_per_cell": 32, "batch_size": 32, "val_samples": 32, "every_steps": 10,
+                    "eval": {"samples_per_point": 32, "batch_size": 32, "val_samples": 32, "every_steps": 10,
                              "track_samples": 32, "select": {"samples": 32}}}
 
 

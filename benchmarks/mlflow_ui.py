@@ -49,7 +49,7 @@ CONFIG = {"deepspeed.bf16": "False", "deepspeed.zero_stage": "0", "model.d_model
           "model.n_layers": "2", "optim.batch_size": "64", "optim.steps": "1500", "optim.warmup_steps": "100",
           "positional.max_position": "48", "sparsity.k_max": "8", "sparsity.targets": "128",
           "task.name": "sparse_parity", "task.params.min_length": "4", "task.params.train_length": "20"}
-REPORTS = (250, 500, 750, 1000, 1250, 1500)  # a trial's report steps; the length grid: lengths x k
+REPORTS = (250, 500, 750, 1000, 1250, 1500)  # a trial's report steps; the evaluation points: lengths x k
 LENGTHS, KS = (10, 20, 30, 40), (1, 2, 3, 4, 5, 6)
 EVERY = ["loss", "lm_loss", "lr", "time/train_s", "time/eval_s"]  # the loop's, besides the catalogue's
 STARTUP = [f"startup/{s}_s" for s in ("imports", "distributed", "task", "model", "engine", "data", "restore",

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     trained_span = int(id_span(train_ids, train.seq_len).max())
     print(f"{cfg.task.name} {pos.label} id_window={pos.id_window} heads={pos.id_window_heads}: "
           f"largest id distance in training {trained_span}")
-    for length, k in cfg.grid():
+    for length, k in cfg.eval_points():
         batch = task.sample(args.samples, rng, length=length, k=k)
         ids = pos.scheme.inference_ids(batch.position_ids)
         with torch.no_grad():

@@ -58,7 +58,7 @@ def build_spec(n: int, trial_cpus: float, concurrency: int) -> dict:
             "positional": {"encoding": "learned", "ids": "random_shift", "max_position": 16},
             "model": {"n_layers": 1, "n_heads": 1, **({} if "model.d_model" in grid else {"d_model": 8})},
             "optim": {"steps": 2, "batch_size": 8, "warmup_steps": 0},
-            "eval": {"lengths": [8], "ks": [1, 2], "samples_per_cell": 8, "batch_size": 8, "val_samples": 8,
+            "eval": {"lengths": [8], "ks": [1, 2], "samples_per_point": 8, "batch_size": 8, "val_samples": 8,
                      "every_steps": 2},
         },
         "grid": grid,

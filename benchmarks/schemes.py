@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                                          if args.from_json else "") + tables(table, train_length, header),
                         argv=command_line(argv))
     print()
-    samples = min(TrialConfig.model_validate(j["trial"]).eval.samples_per_cell for j in unique)
+    samples = min(TrialConfig.model_validate(j["trial"]).eval.samples_per_point for j in unique)
     failures = check_field_claims(table, train_length, samples)
     print(f"\n{len(unique)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:

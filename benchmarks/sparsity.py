@@ -32,14 +32,14 @@ def configs(args) -> dict[str, dict]:
     sp = yaml.safe_load((ROOT / "search_spaces/trials/sparse_parity.yaml").read_text())
     sp["task"]["params"].update(train_k=args.train_k, min_length=max(2, args.train_k))
     sp["optim"]["steps"] = 3000  # 1500 left seed 1 at val_exact 0.90
-    sp["eval"].update(lengths=[sp["task"]["params"]["train_length"]], ks=[args.train_k], samples_per_cell=64)
+    sp["eval"].update(lengths=[sp["task"]["params"]["train_length"]], ks=[args.train_k], samples_per_point=64)
     pad = {
         "task": {"name": "parity_scratchpad",
                  "params": {"train_length": 12, "min_length": 3, "train_k": min(args.train_k, 4)}},
         "positional": {"encoding": "learned", "ids": "coupled", "max_position": 40},
         "model": {"d_model": 48, "n_layers": 2, "n_heads": 4},
         "optim": {"lr": 0.003, "steps": 1500, "batch_size": 64, "warmup_steps": 50},
-        "eval": {"lengths": [12], "ks": [min(args.train_k, 4)], "samples_per_cell": 64, "val_samples": 128,
+        "eval": {"lengths": [12], "ks": [min(args.train_k, 4)], "samples_per_point": 64, "val_samples": 128,
                  "every_steps": 500},
     }
     return {"sparse_parity": sp, "parity_scratchpad": pad}

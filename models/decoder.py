@@ -462,7 +462,7 @@ def generate(
     the task's oracle id (oracle_ids [B, G]), `randomized` the scheme's drawn ids (oracle_ids: the
     sorted sample's tail, PositionalScheme.inference_ids[:, P:]), `predicted` takes the position
     head's argmax at the previous step (PPC). All prompts in the batch have the same length (one
-    evaluation cell). digit_places [B, P + G] (abacus): the task's places of the whole sequence.
+    evaluation point). digit_places [B, P + G] (abacus): the task's places of the whole sequence.
     """
     if ids in ("coupled", "randomized") and oracle_ids is None:
         raise ValueError(f"ids={ids!r} needs oracle_ids")

@@ -24,7 +24,7 @@ MAX_SYMBOLS = 2**16
 
 
 class TaskParamError(ValueError):
-    """A task parameter (or evaluation cell) is impossible; `param` names the culprit.
+    """A task parameter (or evaluation point) is impossible; `param` names the culprit.
 
     Callers (the CLI, the study sweep) report or skip by parameter name, so the name is an
     attribute as well as the first word of the message.
@@ -165,7 +165,7 @@ def require_int(param: str, value: object, minimum: int, maximum: int | None = N
 
 
 class Task(ABC):
-    """A synthetic task: a training distribution over (length, k) plus exact evaluation cells.
+    """A synthetic task: a training distribution over (length, k) plus exact evaluation points.
 
     Subclasses take their own keyword parameters, pass the common ones to this constructor
     and implement `_generate`, which receives per-sample lengths (and ks) and must be
@@ -175,7 +175,7 @@ class Task(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     uses_k: ClassVar[bool]
-    # how a test cell is scored: "generate" (greedy decoding of the targets, answer accuracy)
+    # how an evaluation point is scored: "generate" (greedy decoding of the targets, answer accuracy)
     # or "loss" (teacher-forced loss per token, for language modeling)
     evaluation: ClassVar[str] = "generate"
     default_train_length: ClassVar[int]
@@ -257,7 +257,7 @@ class Task(ABC):
     def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator) -> Batch:
         """Build a batch for per-sample `lengths` (and `ks`), vectorised over the batch."""
 
-    def _check_cell(self, length: int, k: int | None) -> None:  # noqa: B027 (optional hook: most tasks have none)
+    def _check_point(self, length: int, k: int | None) -> None:  # noqa: B027 (optional hook: most tasks have none)
         """Task-specific impossibility checks for one cell (length and k already validated)."""
 
     def value_classes(self) -> list[list[str]]:
@@ -281,13 +281,13 @@ class Task(ABC):
     # --- public API ------------------------------------------------------------------------
 
     def check(self, length: int, k: int | None) -> None:
-        """Raise TaskParamError if no sample of this (length, k) cell can exist."""
+        """Raise TaskParamError if no sample of this (length, k) point can exist."""
         require_int("length", length, 1)
         if self.uses_k and k is not None:
             require_int("k", k, 1)
             if k > length:
                 raise TaskParamError("k", f"{k} is larger than length {length}")
-        self._check_cell(int(length), None if (k is None or not self.uses_k) else int(k))
+        self._check_point(int(length), None if (k is None or not self.uses_k) else int(k))
 
     def sample(
         self,

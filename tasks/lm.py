@@ -2,7 +2,7 @@
 
 Vocabulary: `<pad>` (0), `<eos>` (1), then the 256 bytes as tokens "b000".."b255" (byte b is id
 b + 2). Samples are windows of consecutive corpus tokens: training windows (length None) are
-`train_length` long and drawn uniformly from the TRAIN split; an evaluation cell `length=n` draws
+`train_length` long and drawn uniformly from the TRAIN split; an evaluation point `length=n` draws
 windows of n tokens from the VALIDATION split (held-out documents). `validation_sample` draws
 training-length windows from the validation split (the in-distribution held-out set).
 
@@ -142,7 +142,7 @@ class LMTask(Task):
     def _build_vocab(self) -> Vocab:
         return Vocab(BYTE_TOKENS)
 
-    def _check_cell(self, length: int, k: int | None) -> None:
+    def _check_point(self, length: int, k: int | None) -> None:
         if length < 2:
             raise TaskParamError("length", f"{length} is smaller than 2 (a window needs a target)")
         if self._loaded is not None and length > len(self.val_tokens):  # checked once loaded

@@ -66,7 +66,7 @@ class SparseParityTask(Task):
     def value_classes(self) -> list[list[str]]:
         return [["0", "1"], ["A", "B"]]  # a bit's value, not whether it is marked
 
-    def _check_cell(self, length: int, k: int | None) -> None:
+    def _check_point(self, length: int, k: int | None) -> None:
         if k is not None and self.locality is not None and k > self.locality:
             raise TaskParamError("locality", f"window {self.locality} cannot hold k={k} marked bits")
 

@@ -75,7 +75,7 @@ class VariableAssignmentTask(Task):
     def value_classes(self) -> list[list[str]]:
         return [variable_names(self.num_vars), DIGITS]
 
-    def _check_cell(self, length: int, k: int | None) -> None:
+    def _check_point(self, length: int, k: int | None) -> None:
         if length > self.num_vars:
             raise TaskParamError(
                 "length", f"{length} statements need distinct variables but num_vars={self.num_vars}"

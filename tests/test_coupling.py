@@ -61,7 +61,7 @@ def trial(task: dict, positional: dict, lengths: list[int], steps: int, seed: in
         "positional": positional,
         "model": {"d_model": 64, "n_heads": 4, **model},
         "optim": {"lr": 3e-3, "steps": steps, "batch_size": 64, "warmup_steps": 50},
-        "eval": {"lengths": lengths, "samples_per_cell": 128, "val_samples": 128, "every_steps": steps},
+        "eval": {"lengths": lengths, "samples_per_point": 128, "val_samples": 128, "every_steps": steps},
         "seed": seed,
     }
 
@@ -165,15 +165,15 @@ def test_shipped_trial_config_measures_what_it_claims(path):
     for times in map(int, re.findall(r"\b(\d+)x\b", claims)):
         assert times * n in lengths, f"the comment claims {times}x train_length ({times * n}): {lengths}"
 
-    # every id a test cell gives a token (prompt and targets) is one training gave a real token
+    # every id an evaluation point gives a token (prompt and targets) is one training gave a real token
     from models.positions import inference_ids
 
     tested = set()
-    for length, k in cfg.grid():
+    for length, k in cfg.eval_points():
         batch = task.sample(16, np.random.default_rng(length), length=length, k=k)
         ids = inference_ids(pos.ids, batch.position_ids)
         tested |= set(ids[np.arange(ids.shape[1])[None, :] < batch.seq_len[:, None]].tolist())
-    need = max(cfg.ids_needed(length, k) for length, k in cfg.grid())
+    need = max(cfg.ids_needed(length, k) for length, k in cfg.eval_points())
     assert max(tested) <= need < pos.max_position
     untrained = sorted(tested - trained_ids(cfg))
     assert not untrained, f"test ids {untrained[:5]}... never trained (positional.shift, ids, max_position)"
@@ -190,7 +190,7 @@ def test_shipped_trial_config_measures_what_it_claims(path):
         assert pos.position_target == match[1]
 
     if pos.id_window is not None:  # with test ids (the task's coupled ids for coupled and PPC)
-        length, k = max(cfg.grid(), key=lambda c: (c[0], c[1] or 0))
+        length, k = max(cfg.eval_points(), key=lambda c: (c[0], c[1] or 0))
         batch = task.sample(32, np.random.default_rng(0), length=length, k=k)
         ids = inference_ids(pos.ids, batch.position_ids)
         far = [(b, int(t), d) for b in range(len(batch))

@@ -79,7 +79,7 @@ def made_up_results(spec, seeds: int = 3) -> pd.DataFrame:
                       "search_index": i if role == "search" else None, "status": "TERMINATED", "val_exact": 1.0,
                       "val_loss": 1e-8, "acc_in_dist": 1.0, "acc_beyond": 0.7, "acc_k_beyond": 0.5,
                       "exact_in_dist": 1.0, "exact_beyond": 0.7, "sparsity/k_median": 2.0}
-            for length, k in cfg.grid():
+            for length, k in cfg.eval_points():
                 acc = float(np.clip(1 - 0.1 * (k or 1) * (length > train) + rng.normal(0, 0.05), 0, 1))
                 rows.append({**common, "length": length, "k": k, "ids": "sequential", "answer_acc": acc,
                              "exact_match": acc, "in_distribution": length <= train})

@@ -133,7 +133,7 @@ def trained_lm(tmp_path_factory):
         "positional": {"encoding": "rope", "ids": "sequential", "max_position": 128},
         "model": {"d_model": 48, "n_layers": 2, "n_heads": 4},
         "optim": {"lr": 0.004, "steps": 400, "batch_size": 16, "warmup_steps": 20},
-        "eval": {"lengths": [64], "samples_per_cell": 8, "val_samples": 32, "every_steps": 250},
+        "eval": {"lengths": [64], "samples_per_point": 8, "val_samples": 32, "every_steps": 250},
         "loss_gap": {"long_context": 64, "short_context": 2, "ks": [1, 4], "targets": 48, "sparse_k": 4},
         "seed": 0,
     }

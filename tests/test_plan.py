@@ -88,7 +88,7 @@ def test_train_takes_set_into_the_trial_config(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == "error: optim.stepz: Extra inputs are not permitted"
     out = tmp_path / "eval.csv"
     ran = subprocess.run([*train, "--steps", "2", "--set", "eval.lengths=[10, 30]", "--set", "eval.ks=[1]",
-                          "--set", "eval.samples_per_cell=8", "--out", str(out)], cwd=ROOT, env=ENV,
+                          "--set", "eval.samples_per_point=8", "--out", str(out)], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stderr[-2000:]
     table = pd.read_csv(out)

@@ -66,7 +66,7 @@ class RunsCode:
 def trial_config(zero_stage: int) -> dict:
     cfg = yaml.safe_load((ROOT / "search_spaces" / "trials" / "sparse_parity.yaml").read_text())
     cfg["optim"].update(steps=4, warmup_steps=1)
-    cfg["eval"].update(every_steps=4, samples_per_cell=4)
+    cfg["eval"].update(every_steps=4, samples_per_point=4)
     cfg.setdefault("deepspeed", {})["zero_stage"] = zero_stage
     cfg.pop("sparsity", None)
     return cfg

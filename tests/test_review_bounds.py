@@ -259,12 +259,12 @@ def test_aliases_that_stay_within_the_bounds_still_load(tmp_path, capsys):
 
 
 def test_an_evaluation_grid_beyond_the_bound_is_refused_before_its_product(tmp_path, capsys):
-    from trial.limits import MAX_EVAL_CELLS
+    from trial.limits import MAX_EVAL_POINTS
 
     spec = smoke()
     spec["base"]["eval"].update(lengths=list(range(2, 202)), ks=list(range(1, 61)))
     code, err, seconds = dry_run(tmp_path, spec, capsys)
-    refused(code, err, "eval.lengths", f"bound of {MAX_EVAL_CELLS}")
+    refused(code, err, "eval.lengths", f"bound of {MAX_EVAL_POINTS}")
     assert seconds < 10
 
 

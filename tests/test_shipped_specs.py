@@ -44,7 +44,7 @@ def shrink(spec: dict) -> dict:
         else:
             base["optim"]["warmup_steps"] = 0
     ev = base.setdefault("eval", {})
-    ev.update(every_steps=2, samples_per_cell=4, val_samples=4, batch_size=4)
+    ev.update(every_steps=2, samples_per_point=4, val_samples=4, batch_size=4)
     if "track" in ev:
         ev.update(track=ev["track"][:1], track_samples=4)
     if "select" in ev:

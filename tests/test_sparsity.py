@@ -191,7 +191,7 @@ def sparse_parity_model(tmp_path_factory):
     cfg = yaml.safe_load((ROOT / "search_spaces/trials/sparse_parity.yaml").read_text())
     cfg["task"]["params"].update(train_k=4, min_length=4)
     cfg["optim"].update(steps=1500)
-    cfg["eval"].update(ks=[2, 4], lengths=[20], samples_per_cell=64)
+    cfg["eval"].update(ks=[2, 4], lengths=[20], samples_per_point=64)
     cfg["sparsity"] = {"targets": 96, "k_max": 6}
     return train(tmp_path_factory, "sparse_parity", cfg)
 
@@ -236,7 +236,7 @@ def scratchpad_model(tmp_path_factory):
         "positional": {"encoding": "learned", "ids": "coupled", "max_position": 32},
         "model": {"d_model": 48, "n_layers": 2, "n_heads": 4},
         "optim": {"lr": 0.003, "steps": 1000, "batch_size": 64, "warmup_steps": 50},
-        "eval": {"lengths": [12], "ks": [3], "samples_per_cell": 64, "val_samples": 128, "every_steps": 500},
+        "eval": {"lengths": [12], "ks": [3], "samples_per_point": 64, "val_samples": 128, "every_steps": 500},
     }
     return train(tmp_path_factory, "scratchpad", cfg)
 

@@ -568,7 +568,7 @@ def test_addition_with_operand_lengths_drawn_independently():
     assert shorter > 50  # zero-padded operands are common
     # the padded width is the longer operand's length: E[max of two U[1, 6]] = 4.47, not 3.5
     assert np.mean([m["length"] for m in batch.meta]) > 4.2
-    cell = task.sample(50, rng(3), length=10)  # test cells: both operands of the cell's length
+    cell = task.sample(50, rng(3), length=10)  # evaluation points: both operands of the cell's length
     assert (cell.seq_len == 34).all()
     with pytest.raises(TaskParamError, match="operands"):
         get_task("addition", operands="ragged")
@@ -576,7 +576,7 @@ def test_addition_with_operand_lengths_drawn_independently():
 
 def test_addition_without_leading_zeros_draws_operands_as_the_reference_does():
     """leading_zeros: false: an operand of two or more digits never starts with 0 (the reference
-    implementation of position coupling), in training and in test cells; leading_zeros: true is the default."""
+    implementation of position coupling), in training and in evaluation points; leading_zeros: true is the default."""
     plain = get_task("addition", train_length=5, operands="independent", bos=True)
     assert get_task("addition", train_length=5, operands="independent", bos=True,
                     leading_zeros=True).sample(64, rng(2)).tokens.tolist() == plain.sample(64, rng(2)).tokens.tolist()

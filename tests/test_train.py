@@ -22,7 +22,7 @@ def config(**overrides) -> dict:
         "positional": {"encoding": "learned", "ids": "random_shift", "max_position": 32},
         "model": {"d_model": 32, "n_layers": 2, "n_heads": 4},
         "optim": {"lr": 3e-3, "steps": 8, "batch_size": 16, "warmup_steps": 2},
-        "eval": {"lengths": [8, 16], "ks": [1, 2], "samples_per_cell": 16, "val_samples": 32, "every_steps": 4},
+        "eval": {"lengths": [8, 16], "ks": [1, 2], "samples_per_point": 16, "val_samples": 32, "every_steps": 4},
         "seed": 3,
     }
     for key, value in overrides.items():
@@ -241,7 +241,7 @@ def test_tasks_without_k_train_and_evaluate(task):
 def test_language_model_is_evaluated_by_loss_per_length():
     cfg = config(task={"name": "lm", "params": {"train_length": 32, "max_bytes": 200_000}},
                  positional={"encoding": "rope", "ids": "pose", "max_position": 64},
-                 eval={"lengths": [16, 64], "ks": None, "samples_per_cell": 8, "val_samples": 16},
+                 eval={"lengths": [16, 64], "ks": None, "samples_per_point": 8, "val_samples": 16},
                  optim={"steps": 8, "batch_size": 8})
     out = train_loop_per_worker(cfg)
     short, long = out["records"]
@@ -263,7 +263,7 @@ def test_a_run_restored_after_its_last_report_resends_it_without_work(tmp_path):
 
 def test_a_compiled_train_step_takes_the_same_steps_as_eager():
     """`deepspeed.compile: true` compiles the forward of the train step (DeepSpeed's engine.compile);
-    validation and the length grid run eagerly. The compiled run trains the same model: the same
+    validation and the evaluation points run eagerly. The compiled run trains the same model: the same
     validation losses (to float tolerance: inductor fuses and reorders) and the same grid. `auto`
     (the default) leaves CPU eager, where compiling does not pay (benchmarks P1)."""
     from trial.config import DeepSpeedSpec
@@ -371,8 +371,32 @@ def test_answer_token_acc_counts_answer_tokens_and_exact_match_whole_outputs(mon
 
     monkeypatch.setattr(evaluate, "generate", one_token_wrong)
     monkeypatch.setattr(evaluate.Tensors, "of", staticmethod(keep))
-    [rec] = evaluate.evaluate_cell(torch.nn.Module(), task, scheme, 6, None, 8, 8, np.random.default_rng(0), "cpu")
+    [rec] = evaluate.evaluate_point(torch.nn.Module(), task, scheme, 6, None, 8, 8, np.random.default_rng(0), "cpu")
     answer_tokens = truth["answer"].sum(1)
     assert (answer_tokens == answer_tokens[0]).all() and answer_tokens[0] > 1
     assert rec["exact_match"] == 0 and rec["answer_acc"] == 0
     assert rec["answer_token_acc"] == pytest.approx(1 - 1 / int(answer_tokens[0]))
+
+
+def test_a_renamed_field_is_still_read_by_its_old_name_with_one_notice(capsys, tmp_path):
+    """eval.samples_per_cell is eval.samples_per_point now: a spec written with the old name still
+    runs, with a one-line notice (once a process); both names at once is refused, naming the field."""
+    from study import run as run_cli
+    from trial import yaml_io
+
+    yaml_io.NOTICED.clear()
+    old = config(eval={"samples_per_cell": 5})
+    del old["eval"]["samples_per_point"]
+    assert TrialConfig.model_validate(old).eval.samples_per_point == 5
+    assert TrialConfig.model_validate(old).model_dump()["eval"]["samples_per_point"] == 5
+    assert capsys.readouterr().err == ("notice: eval.samples_per_cell is now eval.samples_per_point "
+                                       "(the old name still works)\n")
+    with pytest.raises(ValidationError) as err:
+        TrialConfig.model_validate(config(eval={"samples_per_cell": 5}))
+    assert describe_errors(err.value).startswith("eval.samples_per_cell: the old name of samples_per_point")
+    yaml_io.NOTICED.clear()
+    spec = tmp_path / "old.yaml"  # a spec written before the rename
+    spec.write_text((ROOT / "search_spaces" / "smoke.yaml").read_text().replace("samples_per_point", "samples_per_cell"))
+    code = run_cli.main(["--space", str(spec), "--storage", str(tmp_path / "storage"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 0 and err.count("notice: eval.samples_per_cell is now") == 1, err

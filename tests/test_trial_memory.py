@@ -55,7 +55,7 @@ def refused(code: int, err: str, *named: str) -> str:
 def test_a_spec_whose_trial_cannot_fit_any_machine_is_refused_in_seconds(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     spec = spec_with(positional={"max_position": 1_000_000},
-                     eval={"lengths": [10, 900_000], "samples_per_cell": 10_000_000, "batch_size": 1_048_576})
+                     eval={"lengths": [10, 900_000], "samples_per_point": 10_000_000, "batch_size": 1_048_576})
     for flags in ((), ("--address", "127.0.0.1:6379")):  # this machine, and a cluster's largest node
         code, err, seconds = dry_run(tmp_path, spec, capsys, *flags)
         refused(code, err, "eval.batch_size: a trial would hold about", "GiB per worker", "1048576 sequences",
@@ -161,12 +161,12 @@ def test_a_trials_peak_memory_stays_under_its_estimate(what, tmp_path):
     trial["positional"]["max_position"] = 512
     trial["optim"].update(steps=2, warmup_steps=1)
     if what == "evaluation":  # sequences of 400 tokens, 256 at a time
-        trial["eval"].update(lengths=[400], ks=[2], samples_per_cell=256, batch_size=256, val_samples=64)
+        trial["eval"].update(lengths=[400], ks=[2], samples_per_point=256, batch_size=256, val_samples=64)
     else:  # 128 sequences of about 300 tokens per step through 4 layers
         trial["task"]["params"].update(train_length=300, min_length=290)
         trial["model"]["n_layers"] = 4
         trial["optim"]["batch_size"] = 128
-        trial["eval"].update(lengths=[300], ks=[2], samples_per_cell=16, batch_size=16, val_samples=16)
+        trial["eval"].update(lengths=[300], ks=[2], samples_per_point=16, batch_size=16, val_samples=16)
     path = tmp_path / "trial.yaml"
     path.write_text(yaml.safe_dump(trial))
     total, counted = estimate(load_trial_config(str(path)))

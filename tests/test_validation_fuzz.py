@@ -224,7 +224,7 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
         bad("metric-nan-for-lm", "objective.metric",
             lambda s: (s.update(objective={"metric": "exact_in_dist", "mode": "max"}),
                        set_path(s["base"], "eval.every_steps", steps)))
-    # eval.ks and eval.lengths: each value is one evaluation cell, given once
+    # eval.ks and eval.lengths: each value is one evaluation point, given once
     bad("ks-empty", "eval.ks", lambda s: set_path(s["base"], "eval.ks", []))
     lengths = base_value(raw, "eval.lengths", None)
     if lengths and is_free(raw, "eval.lengths"):
@@ -401,7 +401,7 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("deepspeed.bf16", put("deepspeed.bf16", "sometimes")),
         # a test length whose ids do not fit (the cross-field check)
         ("eval.lengths", lambda c: c["eval"].update(lengths=[c["positional"]["max_position"] * 4])),
-        ("eval.samples_per_cell", put("eval.samples_per_cell", 0)),
+        ("eval.samples_per_point", put("eval.samples_per_point", 0)),
         ("eval.batch_size", put("eval.batch_size", 0)),
         ("eval.val_samples", put("eval.val_samples", 0)),
         ("eval.every_steps", put("eval.every_steps", 0)),

@@ -5,7 +5,7 @@
   the strictness and size bounds every config class shares; yaml_io: strict YAML reading and
   one-line-per-field error messages; metrics: the catalogue of what a trial reports.
 - loop: `train_loop_per_worker`, the only training loop (in-process, Ray Train local, N workers);
-  evaluate: loss, validation and the length grid; session: the seam to whoever runs the loop.
+  evaluate: loss, validation and the evaluation points; session: the seam to whoever runs the loop.
 - storage: folders and buckets, for a trial's checkpoints and a study's records (the bottom layer, so
   both levels use one implementation).
 

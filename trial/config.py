@@ -24,7 +24,7 @@ from trial import metrics
 from trial.analyses import REGISTERED, Analysis, analysis_sections
 from trial.limits import (
     MAX_BATCH,
-    MAX_EVAL_CELLS,
+    MAX_EVAL_POINTS,
     MAX_PARAMETERS,
     MAX_POSITION,
     MAX_SAMPLES,
@@ -34,7 +34,7 @@ from trial.limits import (
     Strict,
     refuse_non_finite,
 )
-from trial.yaml_io import load_yaml
+from trial.yaml_io import accept_old_names, load_yaml
 
 # ModelConfig's fields (models/decoder.py), and the three whose user-facing name in the trial config
 # differs; every other field of `model` and the architecture fields of `positional` match by name
@@ -180,7 +180,7 @@ class DeepSpeedSpec(Strict):
 
 class SelectSpec(Strict):
     """The reference's checkpoint selection: the step whose teacher-forced metric on held-out samples of
-    `lengths` (longer than training, for the reference) is best; the grid is scored for it and the last."""
+    `lengths` (longer than training, for the reference) is best; the evaluation points are scored for it and the last."""
 
     lengths: list[int] = Field(min_length=1, max_length=64, description="the lengths the selection set is drawn at")
     metric: Literal["loss", "exact"] = Field("loss", description="lowest loss, or highest exact match")
@@ -190,7 +190,7 @@ class SelectSpec(Strict):
 class EvalSpec(Strict):
     lengths: Distinct = Field(min_length=1, description="test lengths (the task's length axis)")
     ks: Distinct | None = Field(None, min_length=1, description="k_test values; default: the task's train_k")
-    samples_per_cell: int = Field(128, ge=1, le=MAX_SAMPLES)
+    samples_per_point: int = Field(128, ge=1, le=MAX_SAMPLES)
     batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     val_samples: int = Field(256, ge=1, le=MAX_SAMPLES, description="held-out in-distribution validation set")
     every_steps: int = Field(100, ge=1, description="validate and report every N steps")
@@ -199,14 +199,19 @@ class EvalSpec(Strict):
         "attention margin are reported every every_steps (track/len{N}/...): extrapolation as it trains")
     track_samples: int = Field(128, ge=1, le=MAX_SAMPLES, description="held-out samples per tracked length")
     select: SelectSpec | None = Field(None, description="keep the best checkpoint by a metric on these lengths; "
-                                      "the grid is scored for `best` and `last` (default: last only)")
+                                      "the evaluation points are scored for `best` and `last` (default: last only)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return accept_old_names(data, "eval")
 
     @model_validator(mode="after")
-    def _grid_is_bounded(self) -> EvalSpec:
-        cells = len(self.lengths) * len(self.ks or [None])  # before the product is built
-        if cells > MAX_EVAL_CELLS:
-            raise ValueError(f"lengths: {len(self.lengths)} lengths x {len(self.ks or [None])} ks = {cells} evaluation "
-                             f"cells, beyond the bound of {MAX_EVAL_CELLS} (MAX_EVAL_CELLS in trial/limits.py)")
+    def _points_are_bounded(self) -> EvalSpec:
+        points = len(self.lengths) * len(self.ks or [None])  # before the product is built
+        if points > MAX_EVAL_POINTS:
+            raise ValueError(f"lengths: {len(self.lengths)} lengths x {len(self.ks or [None])} ks = {points} evaluation "
+                             f"points, beyond the bound of {MAX_EVAL_POINTS} (MAX_EVAL_POINTS in trial/limits.py)")
         return self
 
 
@@ -242,7 +247,7 @@ class TrialConfig(Strict):
 
     @property
     def data_seed_or_seed(self) -> int:
-        """The seed of every data stream (training, validation, test cells)."""
+        """The seed of every data stream (training, validation, evaluation points)."""
         return self.seed if self.data_seed is None else self.data_seed
 
     @cached_property
@@ -268,8 +273,8 @@ class TrialConfig(Strict):
         """The analyses this trial runs after training: the names of its sections that are given."""
         return list(self.analyses)
 
-    def grid(self) -> list[tuple[int, int | None]]:
-        """Evaluation cells (length, k_test)."""
+    def eval_points(self) -> list[tuple[int, int | None]]:
+        """The evaluation points (length, k_test): eval.lengths x eval.ks."""
         task = self.task_instance
         if not task.uses_k:
             return [(n, None) for n in self.eval.lengths]
@@ -284,11 +289,11 @@ class TrialConfig(Strict):
         return first + (arch.n_layers - 1) * per_layer
 
     def ids_needed(self, length: int, k: int | None) -> int:
-        """Largest position id the model sees for this cell (+1 = the max_position it needs)."""
+        """Largest position id the model sees at this evaluation point (+1 = the max_position it needs)."""
         return self.positional.scheme.largest_id(self.task_instance, length, k)
 
     @model_validator(mode="after")
-    def _check_task_and_grid(self) -> TrialConfig:
+    def _check_task_and_points(self) -> TrialConfig:
         try:
             task = self.task_instance
         except tasks.TaskParamError as e:
@@ -322,7 +327,7 @@ class TrialConfig(Strict):
                 f"task.params.train_length: training sequences need position id {need}, "
                 f"but positional.max_position is {max_pos}"
             )
-        for length, k in self.grid():
+        for length, k in self.eval_points():
             try:
                 task.check(length, k)
             except tasks.TaskParamError as e:
@@ -362,17 +367,17 @@ class TrialConfig(Strict):
 
 def selectable_metrics(cfg: TrialConfig) -> tuple[list[str], set[str]]:
     """What a study may select on for this trial (trial/metrics.py): (metrics in every report;
-    patterns of metrics only in the last report, from the grid's summary and the analyses).
+    patterns of metrics only in the last report, from the evaluation points' summary and the analyses).
     Metrics that would always be NaN (exact match of language modeling, beyond-train accuracy
     without a test length beyond it) are left out. Kept beside the config so that validating a spec
     does not import the training loop."""
     every = metrics.reported_every_time()
     task = cfg.task_instance
-    cells = cfg.grid()
+    points = cfg.eval_points()
     last = set()
-    if any(n <= task.train_length and (k is None or k <= task.train_k) for n, k in cells):
+    if any(n <= task.train_length and (k is None or k <= task.train_k) for n, k in points):
         last |= {"acc_in_dist", "exact_in_dist", "loss_in_dist"}
-    if any(n > task.train_length for n, _ in cells):
+    if any(n > task.train_length for n, _ in points):
         last |= {"acc_beyond", "exact_beyond", "loss_beyond"}
     if task.evaluation == "loss":
         last -= {"exact_in_dist", "exact_beyond"}

@@ -1,11 +1,11 @@
-"""Loss, in-distribution validation and the length-extrapolation grid.
+"""Loss, in-distribution validation and the evaluation points.
 
 - `next_token_loss`: the training objective (answer/scratchpad tokens only, plus the PPC head).
 - `validate`: teacher-forced on a held-out in-distribution set with inference ids. Its `val_exact`
   (every target token right, and under PPC every predicted id right) equals greedy-generation exact
   match, at the cost of one forward pass, so it is the cheap objective a sweep selects on.
-- `evaluate_grid`: greedy generation with a KV cache on every (length, k_test) cell, one tidy
-  record per cell and id mode; PPC is reported with its own ids and with the oracle's.
+- `evaluate_points`: greedy generation with a KV cache on every (length, k_test) evaluation point,
+  one tidy record per point and id mode; PPC is reported with its own ids and with the oracle's.
 
 Every rank evaluates its own shard and the counts are summed, so evaluation also runs (and must run
 on every rank) under ZeRO-3, whose forward passes are collective.
@@ -121,11 +121,11 @@ def validate(
 
 
 @torch.no_grad()
-def evaluate_cell(
+def evaluate_point(
     module: DecoderLM, task: Task, scheme: PositionalScheme, length: int, k: int | None,
     samples: int, batch_size: int, rng: np.random.Generator, device,
 ) -> list[dict]:
-    """Greedy generation on one (length, k) cell; one record per generation id mode."""
+    """Greedy generation at one (length, k) evaluation point; one record per generation id mode."""
     was_training = module.training
     module.eval()
     modes = scheme.generation_modes
@@ -169,7 +169,7 @@ def evaluate_cell(
 
 
 @torch.no_grad()
-def evaluate_loss_cell(
+def evaluate_loss_point(
     module: DecoderLM, task: Task, scheme: PositionalScheme, length: int, samples: int, batch_size: int,
     rng: np.random.Generator, device,
 ) -> list[dict]:
@@ -199,20 +199,20 @@ def evaluate_loss_cell(
     }]
 
 
-def evaluate_grid(
-    module: DecoderLM, task: Task, scheme: PositionalScheme, cells: list[tuple[int, int | None]],
-    samples_per_cell: int, batch_size: int, seed: int, rank: int, world_size: int, device,
+def evaluate_points(
+    module: DecoderLM, task: Task, scheme: PositionalScheme, points: list[tuple[int, int | None]],
+    samples_per_point: int, batch_size: int, seed: int, rank: int, world_size: int, device,
 ) -> list[dict]:
-    """All cells; each rank draws its own samples (seeded by cell and rank) and counts are summed."""
-    per_rank = -(-samples_per_cell // world_size)
+    """Every point; each rank draws its own samples (seeded by point and rank) and counts are summed."""
+    per_rank = -(-samples_per_point // world_size)
     records = []
-    for length, k in cells:
+    for length, k in points:
         rng = np.random.default_rng([seed, 7919, length, 0 if k is None else k, rank])  # k >= 1
         if task.evaluation == "loss":
-            cell = evaluate_loss_cell(module, task, scheme, length, per_rank, batch_size, rng, device)
+            found = evaluate_loss_point(module, task, scheme, length, per_rank, batch_size, rng, device)
         else:
-            cell = evaluate_cell(module, task, scheme, length, k, per_rank, batch_size, rng, device)
-        for rec in cell:
+            found = evaluate_point(module, task, scheme, length, k, per_rank, batch_size, rng, device)
+        for rec in found:
             rec["in_distribution"] = length <= task.train_length and (k is None or k <= task.train_k)
             records.append(rec)
     return records

@@ -23,9 +23,9 @@ MAX_PARAMETERS = 10**10  # 160 GB of fp32 weights, gradients and AdamW moments
 MAX_BATCH = 2**20  # sequences in one batch: beyond it the activations of any model here overflow memory
 MAX_SAMPLES = 10**7  # sequences generated for one evaluation set (they are held in memory)
 MAX_STEPS = 10**9
-# (length, k) cells of one trial's evaluation grid (eval.lengths x eval.ks), listed when a config is
+# (length, k) evaluation points of one trial (eval.lengths x eval.ks), listed when a config is
 # validated; the shipped specs use at most 54
-MAX_EVAL_CELLS = 10_000
+MAX_EVAL_POINTS = 10_000
 
 
 class Strict(BaseModel):
@@ -47,9 +47,9 @@ def refuse_non_finite(data: Any, path: str = "") -> Any:
 def _distinct(values: list[int]) -> list[int]:
     seen: set[int] = set()
     repeated = sorted({v for v in values if v in seen or seen.add(v)})
-    if repeated:  # two equal lengths would be one evaluation cell run and reported twice
+    if repeated:  # two equal lengths would be one evaluation point run and reported twice
         shown = ", ".join(map(str, repeated[:5])) + (", ..." if len(repeated) > 5 else "")
-        raise ValueError(f"{shown} given more than once: each value is one evaluation cell")
+        raise ValueError(f"{shown} given more than once: each value is one evaluation point")
     return values
 
 
@@ -125,7 +125,7 @@ def pieces(cfg, workers: int = 1) -> list[Piece]:
               activation_bytes(arch, micro, train_seq, arch.n_layers, True) + logits_bytes(arch, micro, train_seq, 3)),
     ]
     longest = [(train_seq, "validation at the train length")]
-    longest += [(task.max_seq_len(n, k), f"eval.lengths {n}") for n, k in cfg.grid()]
+    longest += [(task.max_seq_len(n, k), f"eval.lengths {n}") for n, k in cfg.eval_points()]
     longest += [(task.max_seq_len(n, train_k), f"eval.track {n}") for n in e.track or []]
     longest += [(task.max_seq_len(n, train_k), f"eval.select.lengths {n}")
                 for n in (e.select.lengths if e.select else [])]

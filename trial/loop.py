@@ -1,4 +1,4 @@
-"""One trial: build task, model and DeepSpeed engine, train, validate, evaluate the length grid.
+"""One trial: build task, model and DeepSpeed engine, train, validate, evaluate the evaluation points.
 
 `train_loop_per_worker(config)` is the only training loop. It runs unchanged in-process
 (`python -m study.train CONFIG.yaml`, world size 1), under Ray Train local mode, and on N Ray Train
@@ -24,7 +24,7 @@ from trial.batches import StepBatches, training_batches
 from trial.config import TrialConfig
 from trial.evaluate import (
     attention_margin,
-    evaluate_grid,
+    evaluate_points,
     held_out_batches,
     next_token_loss,
     trained_id_distance,
@@ -124,10 +124,10 @@ def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
 
 
 def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
-    """Flat summary of the grid for the primary id mode (PPC: its own predicted ids).
+    """Flat summary of the evaluation points for the primary id mode (PPC: its own predicted ids).
 
-    Length extrapolation and k extrapolation are kept apart: `acc_beyond` averages the cells past
-    the train length with k_test <= K_train, `acc_k_beyond` the cells with k_test > K_train (any
+    Length extrapolation and k extrapolation are kept apart: `acc_beyond` averages the points past
+    the train length with k_test <= K_train, `acc_k_beyond` the points with k_test > K_train (any
     length)."""
     primary = cfg.positional.scheme.own_ids
     rows = [r for r in records if r["ids"] == primary]
@@ -144,7 +144,7 @@ def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
         "exact_in_dist": mean(inside, "exact_match"),
         "exact_beyond": mean(beyond, "exact_match"),
     }
-    if k_beyond:  # only a grid with k_test > K_train has it
+    if k_beyond:  # only evaluation points with k_test > K_train have it
         summary["acc_k_beyond"] = mean(k_beyond, "answer_acc")
     if rows and "loss" in rows[0]:  # language modeling: loss at and beyond the train length
         summary.update(loss_in_dist=mean(inside, "loss"), loss_beyond=mean(beyond, "loss"))
@@ -152,7 +152,7 @@ def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:
 
 
 def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = None) -> dict:
-    """Train and evaluate one trial. Returns {"metrics": final metrics, "records": grid records}.
+    """Train and evaluate one trial. Returns {"metrics": final metrics, "records": evaluation records}.
     (Longer than the 60 lines a function here aims at: it is the one loop a researcher reads top to
     bottom, set-up, steps and reports, as nanoGPT's train.py.)
 
@@ -236,25 +236,25 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         if step % cfg.eval.every_steps == 0 and step < cfg.optim.steps:
             _report(session, engine, progress(step), step, cfg, best=best)
         t = time.time()  # from here to the next step's end: its batch (when made here) and its step
-    # the last report: validation, the extrapolation grid and the analyses (also when resumed at the end)
+    # the last report: validation, the evaluation points and the analyses (also when resumed at the end)
     metrics = progress(cfg.optim.steps)
     t = time.time()
     records, found, extra = _final_evaluation(engine.module, task, cfg, rank, world, device)
     metrics.update(found)
-    if best is not None:  # the grid again for the selected step: both are scored, as the reference does
+    if best is not None:  # the evaluation points again for the selected step: both are scored, as the reference does
         records, found = _with_best(engine.module, task, cfg, best, records, rank, world, device)
         metrics.update(found)
-    metrics["time/eval_s"] += time.time() - t  # the grid and the analyses: measuring is evaluating
+    metrics["time/eval_s"] += time.time() - t  # the evaluation points and the analyses: measuring is evaluating
     _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True,
             best=best)
     return {"metrics": metrics, "records": records}
 
 
 def _final_evaluation(module, task, cfg: TrialConfig, rank: int, world: int, device: torch.device):
-    """The length grid's records, their summary plus the analyses' metrics, and the analyses'
+    """The evaluation points' records, their summary plus the analyses' metrics, and the analyses'
     records. Every rank runs the analyses (ZeRO-3 forwards are collective)."""
     with _eager():
-        records = evaluate_grid(module, task, cfg.positional.scheme, cfg.grid(), cfg.eval.samples_per_cell,
+        records = evaluate_points(module, task, cfg.positional.scheme, cfg.eval_points(), cfg.eval.samples_per_point,
                                 cfg.eval.batch_size, cfg.data_seed_or_seed, rank, world, device)
         found, extra = summarize(records, cfg), {}
         for name, analysis in cfg.analyses.items():
@@ -293,11 +293,11 @@ def _select(cfg: TrialConfig, engine, model, selection: list, best: dict | None,
 
 def _with_best(module, task, cfg: TrialConfig, best: dict, last_records: list[dict], rank: int, world: int,
                device) -> tuple[list[dict], dict]:
-    """The grid's records of both checkpoints (a `checkpoint` column: last, best) and the best one's
+    """The evaluation points' records of both checkpoints (a `checkpoint` column: last, best) and the best one's
     summary as `best/...`; the module is left holding the best weights."""
     module.load_state_dict(best["state"])
     with _eager():
-        records = evaluate_grid(module, task, cfg.positional.scheme, cfg.grid(), cfg.eval.samples_per_cell,
+        records = evaluate_points(module, task, cfg.positional.scheme, cfg.eval_points(), cfg.eval.samples_per_point,
                                 cfg.eval.batch_size, cfg.data_seed_or_seed, rank, world, device)
     found = {f"best/{k}": v for k, v in summarize(records, cfg).items()}
     found["best/step"] = best["step"]
@@ -324,7 +324,7 @@ def _model_and_engine(cfg: TrialConfig, vocab_size: int, world: int, device: tor
 
 
 def _eager():
-    """Validation, the length grid and the analyses run eagerly even when the train step is
+    """Validation, the evaluation points and the analyses run eagerly even when the train step is
     compiled: their shapes change from call to call (batch sizes, lengths, a growing KV cache), so
     graphs for them would cost more compile time than they save."""
     return torch.compiler.set_stance("force_eager")

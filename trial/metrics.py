@@ -2,7 +2,7 @@
 kind of number it is.
 
 - `every`: in every report (validation, every `eval.every_steps`), so a scheduler can stop on it;
-- `end`: in the last report only (the length grid's summary and the analyses);
+- `end`: in the last report only (the evaluation points' summary and the analyses);
 - `proportion`: a share in [0, 1], whose interval over seeds is clipped to [0, 1] (study/results/tables.py);
 - `timing`: measures the machine, not the model: runs of one config and seed agree on every other
   metric.
@@ -36,7 +36,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("tokens_per_s", "every", timing=True),
     Metric("time/*", "every", timing=True),
     Metric("startup/*", "every", timing=True),
-    # the length grid, summarized for the model's own ids (trial/loop.py `summarize`)
+    # the evaluation points, summarized for the model's own ids (trial/loop.py `summarize`)
     Metric("acc_in_dist", "end", True, doc="answer accuracy at lengths and k <= the training ones"),
     Metric("exact_in_dist", "end", True),
     Metric("loss_in_dist", "end", doc="language modeling: loss at lengths <= the train length"),
@@ -44,7 +44,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("exact_beyond", "end", True),
     Metric("loss_beyond", "end"),
     Metric("acc_k_beyond", "end", True, doc="answer accuracy at k > K_train (any length)"),
-    # one cell of the grid (results.csv's rows, trial/evaluate.py)
+    # one evaluation point (results.csv's rows, trial/evaluate.py)
     Metric("answer_acc", "end", True),
     Metric("exact_match", "end", True),
     # Ruoss et al. 2023's per-token accuracy, of greedy generation here (their outputs are not fed back)

@@ -13,6 +13,8 @@ other files a command line names.
 from __future__ import annotations
 
 import re
+import sys
+from typing import Any
 
 import yaml
 
@@ -170,3 +172,26 @@ def describe_errors(error: Exception) -> str:
         else:
             lines.append(f"{field}: {msg}" if field else msg)
     return "\n".join(lines)
+
+
+# fields renamed, by their dotted path: the old spelling is still read, with a one-line notice
+RENAMED = {"eval.samples_per_cell": "eval.samples_per_point"}
+NOTICED: set[str] = set()  # the old names a notice was printed for in this process
+
+
+def accept_old_names(data: Any, group: str) -> Any:
+    """`group`'s raw mapping with each renamed field under its new name; a notice on stderr, once a
+    process, for each old name read."""
+    if not isinstance(data, dict):
+        return data
+    for old_path, new_path in RENAMED.items():
+        old, new = old_path.removeprefix(group + "."), new_path.removeprefix(group + ".")
+        if not old_path.startswith(group + ".") or old not in data:
+            continue
+        if new in data:
+            raise ValueError(f"{old}: the old name of {new}, which is given too; keep {new}")
+        if old_path not in NOTICED:
+            NOTICED.add(old_path)
+            print(f"notice: {old_path} is now {new_path} (the old name still works)", file=sys.stderr)
+        data = {new if k == old else k: v for k, v in data.items()}
+    return data

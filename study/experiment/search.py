@@ -131,7 +131,7 @@ class CellSearcher(Searcher):
         if cell is not None and self.optuna and trial_id in self.params_of:  # a search trial
             self.optuna[cell].on_trial_complete(trial_id, result, error)
             # only a trial that ran to its final report can be selected: one stopped early by the
-            # scheduler (no "eval_records") or failed has no evaluation of the test grid
+            # scheduler (no "eval_records") or failed has no evaluation of the evaluation points
             result = result if result and not error and "eval_records" in result else {}
             self.ended[cell][trial_id] = (result.get(self.spec.objective.metric), result.get("val_loss"))
 
@@ -161,7 +161,7 @@ class CellASHA(FIFOScheduler):
     Time is counted in reports (`training_iteration`): one per `eval.every_steps` and the final one,
     `ceil(optim.steps / eval.every_steps)` in all, taken from the cell's own trial config (a grid may
     vary either). A trial the scheduler stops keeps its last report; study/results/tables.py counts it as
-    STOPPED and never selects it (it has no evaluation of the test grid)."""
+    STOPPED and never selects it (it has no evaluation of the evaluation points)."""
 
     def __init__(self, metric: str, mode: str, grace_period: int, reduction_factor: int):
         super().__init__()  # Ray 2.60's FIFOScheduler takes no arguments

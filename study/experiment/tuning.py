@@ -95,19 +95,19 @@ def run_study(
             tuner = _restored_tuner(spec, store.join(study_dir, "tune"), trainable, callbacks, max_concurrent, verbose)
         else:
             tuner = _new_tuner(spec, study_dir, trainable, resources, callbacks, max_concurrent, verbose)
-        grid = _fit(tuner, gate)
+        result_grid = _fit(tuner, gate)
         # on Ctrl-C Tune stops the trials, saves the experiment and returns: what it returns then
         # holds trials that did not end (or fewer than planned); they must not read as a result
-        planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, grid)
-        if len(grid) < planned or grid.num_terminated + grid.num_errors < len(grid):
+        planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, result_grid)
+        if len(result_grid) < planned or result_grid.num_terminated + result_grid.num_errors < len(result_grid):
             raise Terminated if terminated else KeyboardInterrupt
         trials = [
             {"trial_id": _trial_id(res), "config": res.config, "metrics": res.metrics, "status": trial_status(res),
              "reason": error_reason(res.error)}
-            for res in grid
+            for res in result_grid
         ]
         timing = time_in_steps(trials, time.time() - ray_started, max_concurrent)
-        return _report_and_record(spec, study_dir, trials, grid, recorder, timing)
+        return _report_and_record(spec, study_dir, trials, result_grid, recorder, timing)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM (Terminated), or an exit
         _finish_if_reachable(recorder, "KILLED")
         print(f"interrupted: no results written; continue with --resume (study {study_dir})",
@@ -214,17 +214,17 @@ def _fit(tuner, gate: SnapshotGate):
     StorageUnreachable (the trials that did not end continue on --resume)."""
     with snapshots_on_events(gate) as watch:
         try:
-            grid = tuner.fit()
+            result_grid = tuner.fit()
         except BaseException:  # stopped for the storage, Tune's last read of it fails too
             if watch.lost:
                 raise (store.StorageFull if watch.full else store.StorageUnreachable)(watch.lost) from None
             raise
     if watch.lost:  # stopped as on Ctrl-C
         raise (store.StorageFull if watch.full else store.StorageUnreachable)(watch.lost)
-    return grid
+    return result_grid
 
 
-def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], grid, recorder: Recorder,
+def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], result_grid, recorder: Recorder,
                        timing: dict) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict], str | None]:
     """Write the report into storage, then the record's end of the study (which may fail without
     losing the results)."""
@@ -240,8 +240,8 @@ def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], grid
         unrecorded = None
         try:
             recorder.flush()
-            dropped = recorder.reconcile({_trial_id(res) for res in grid if not res.error},
-                                         {_trial_id(res) for res in grid})
+            dropped = recorder.reconcile({_trial_id(res) for res in result_grid if not res.error},
+                                         {_trial_id(res) for res in result_grid})
             if dropped:
                 print(f"record: dropped {len(dropped)} run(s) of trials started before the interruption "
                       "and not in the restored experiment (their work was redone)", flush=True)
@@ -319,13 +319,13 @@ def time_in_steps(trials: list[dict], wall_s: float, slots: int | None) -> dict[
     return {"time/wall_since_ray_s": wall_s, "time/trials_in_steps_s": in_steps, "time/in_steps_share": share}
 
 
-def _replicas_not_run(spec: StudySpec, grid) -> int:
+def _replicas_not_run(spec: StudySpec, result_grid) -> int:
     """Replicas a searched cell never hands out: every one of its search trials failed, so no
     config was selected (study/experiment/search.py)."""
     if spec.search is None or spec.replicas == 1:
         return 0
     search_ok: dict[int, bool] = {c.index: False for c in spec.cells()}
-    for res in grid:
+    for res in result_grid:
         if res.config.get("role") == "search" and not res.error:
             search_ok[res.config["cell"]] = True
     return sum(spec.replicas - 1 for ok in search_ok.values() if not ok)
@@ -333,7 +333,7 @@ def _replicas_not_run(spec: StudySpec, grid) -> int:
 
 def trial_status(result) -> str:
     """ERROR (failed), STOPPED (stopped early by the scheduler: it never made its final report,
-    which holds the test grid) or TERMINATED (ran to the end)."""
+    which holds the evaluation points) or TERMINATED (ran to the end)."""
     if result.error:
         return "ERROR"
     return "TERMINATED" if "eval_records" in (result.metrics or {}) else "STOPPED"

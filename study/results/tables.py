@@ -1,6 +1,6 @@
 """The study's results as tables and a figure (pandas, matplotlib).
 
-- results.csv: one row per trial x evaluation cell (length, k_test, ids) with the trial's cell
+- results.csv: one row per trial x evaluation point (length, k_test, ids) with the trial's cell
   factors, searched hyperparameters, seed, role (search | replica) and metrics.
 - selected.csv: per study cell, the search trial selected on the objective (in-distribution
   validation by default; trials within its sampling error are tied, the first suggested of them is
@@ -32,7 +32,7 @@ OPTIONAL_COLUMNS = metrics.OPTIONAL  # kept where a trial reports them (language
 
 def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
     """trials: [{"trial_id", "config" (the Tune config), "metrics" (last result), "status"}]: a row per
-    trial x test cell, and one row (no length, no k) for a trial without an evaluation of the test grid:
+    trial x evaluation point, and one row (no length, no k) for a trial without an evaluation of the evaluation points:
     status ERROR (failed) or STOPPED (stopped early by the scheduler, with its last validation)."""
     cells = {c.index: c for c in spec.cells()}
     rows = []
@@ -80,7 +80,7 @@ def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
     cells = {c.label: c for c in spec.cells()}
     rows = []
     for cell, group in trials.groupby("cell", sort=False):
-        done = group[group.status == "TERMINATED"]  # a failed or early-stopped trial has no test grid
+        done = group[group.status == "TERMINATED"]  # a failed or early-stopped trial has no evaluation points
         candidates = done[done.role == "search"] if spec.search is not None else done.sort_values("seed")
         if candidates.empty:
             continue
@@ -243,7 +243,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _to_csv(frame: pd.DataFrame, path: str) -> None:
-    """Lengths and k as whole numbers, also in a column that has gaps (a trial without a test grid,
+    """Lengths and k as whole numbers, also in a column that has gaps (a trial without evaluation points,
     a task without k), where pandas holds them as floats."""
     whole = {c: "Int64" for c in ("length", "k") if c in frame and frame[c].dropna().map(lambda v: float(v).is_integer()).all()}
     frame.astype(whole).to_csv(path, index=False)

@@ -32,7 +32,7 @@ from study.spec.plan_bounds import check_plan_size
 from trial import metrics
 from trial.config import TaskSpec, TrialConfig, selectable_metrics
 from trial.limits import MAX_SEED, Strict, fits, refuse_non_finite
-from trial.yaml_io import describe_errors, load_yaml
+from trial.yaml_io import RENAMED, describe_errors, load_yaml
 
 EXTRAPOLATION_METRICS = metrics.EXTRAPOLATION
 KINDS = ("loguniform", "uniform", "int", "choice")
@@ -362,7 +362,7 @@ def _points(params: dict[str, Distribution]):
 def _get_path(cfg: TrialConfig, path: str) -> Any:
     """The validated value at a dotted path (None where the path leads into no field)."""
     node: Any = cfg
-    for part in path.split("."):
+    for part in RENAMED.get(path, path).split("."):
         if isinstance(node, dict):
             node = node.get(part)
         elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):

@@ -1,12 +1,12 @@
-"""What one trial leaves in its MLflow run besides Tune's metrics: the per-length grid as metrics
+"""What one trial leaves in its MLflow run besides Tune's metrics: its evaluation points as metrics
 and a table, its accuracy-by-length figure, and the tables and figures of its analyses.
 
-The grid's metrics: `acc_len/k{K}` (and `exact_len`, `loss_len`) with the test length as the step,
+The evaluation points' metrics: `acc_len/k{K}` (and `exact_len`, `loss_len`) with the test length as the step,
 so MLflow's chart of it is the extrapolation curve; the same accuracy as flat `acc_at_len{N}/k{K}`
 keys, which the runs table can show side by side, for at most 8 lengths x 4 k (evenly spaced, the
-shortest and longest among them): a run's metrics stay bounded as the grid grows. With `eval.select`
-the grid is also scored for the best checkpoint: the same keys under `best/`. The whole grid is
-always `eval/records.csv` (its `checkpoint` column: last, best).
+shortest and longest among them): a run's metrics stay bounded as the points grow. With `eval.select`
+the points are also scored for the best checkpoint: the same keys under `best/`. Every point is
+always in `eval/records.csv` (its `checkpoint` column: last, best).
 """
 
 from __future__ import annotations
@@ -55,19 +55,19 @@ def log_analyses(client, run_id: str, result: dict, trial_config: dict) -> None:
 
 
 def extrapolation_metrics(records: list[dict], now: int) -> list[Metric]:
-    """The grid as MLflow metrics: per k and id mode a curve over length (one key each), and flat
+    """The evaluation points as MLflow metrics: per k and id mode a curve over length (one key each), and flat
     `acc_at_len{N}/k{K}` keys for at most FLAT_LENGTHS x FLAT_KS cells of the model's own ids, so a
-    run's metric count stays bounded as the grid grows (the whole grid is eval/records.csv). The
+    run's metric count stays bounded as the points grow (every point is in eval/records.csv). The
     best checkpoint's records (eval.select) give the same keys under `best/`."""
     last = [r for r in records if r.get("checkpoint", "last") == "last"]
     best = [r for r in records if r.get("checkpoint") == "best"]
-    out = _grid_metrics(last, now)
+    out = _point_metrics(last, now)
     if best:
-        out += [Metric(f"best/{m.key}", m.value, m.timestamp, m.step) for m in _grid_metrics(best, now)]
+        out += [Metric(f"best/{m.key}", m.value, m.timestamp, m.step) for m in _point_metrics(best, now)]
     return out
 
 
-def _grid_metrics(records: list[dict], now: int) -> list[Metric]:
+def _point_metrics(records: list[dict], now: int) -> list[Metric]:
     primary = records[0]["ids"]  # the model's own ids come first (PPC: predicted)
     out = []
     for r in records:
@@ -89,7 +89,7 @@ def _grid_metrics(records: list[dict], now: int) -> list[Metric]:
     return out
 
 
-FLAT_LENGTHS, FLAT_KS = 8, 4  # flat acc_at_len keys: at most 32 per run, whatever the grid
+FLAT_LENGTHS, FLAT_KS = 8, 4  # flat acc_at_len keys: at most 32 per run, however many points
 
 
 def spread(values: list, n: int) -> list:
