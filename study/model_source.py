@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from study.spec.preflight import check_mlflow_uri
+from study.record.mlflow.uri_checks import check_mlflow_uri
 from trial import storage as store
 
 

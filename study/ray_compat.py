@@ -27,7 +27,7 @@ def ray_address_from_environment() -> str | None:
     return get_ray_address_from_environment("auto", None)
 
 
-def token_auth_as_ray_defaults_it() -> None:
+def token_auth_on_before_init() -> None:
     """Token authentication on for the embedded Ray, as Ray turns it on for any new local cluster, but
     set before `ray.init`, so Ray does not print how to opt out of it in every study. Ray reads
     RAY_AUTH_MODE once, at import: setting it later needs Ray's cached config refreshed (private; Ray's
@@ -130,11 +130,11 @@ def report_retrying_under_one_index(report: Callable[[], None], retry: Callable)
     storage = get_session().storage
     index = storage.current_checkpoint_index
 
-    def again():
+    def report_under_the_same_index():
         storage.current_checkpoint_index = index
         report()
 
-    retry(again)
+    retry(report_under_the_same_index)
 
 
 # --- N-worker trials on one machine: the process group meets on 127.0.0.1 -------------------------------

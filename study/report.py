@@ -9,7 +9,7 @@ import os
 
 import pandas as pd
 
-from study.results.tables import check_sealed, markdown_summary, report_from_results, summary_lines
+from study.results.tables import check_report_files, markdown_summary, report_from_results, summary_lines
 from study.spec.schema import StudySpec
 
 
@@ -29,7 +29,7 @@ def read_study(source: str, tracking_uri: str | None, tmp: str) -> tuple[StudySp
             folder, where = recorder_class("mlflow").stored_study(tracking_uri, source, tmp)
         except LookupError as e:
             raise SystemExit(str(e)) from None
-    broken = check_sealed(folder)
+    broken = check_report_files(folder)
     if broken:
         raise SystemExit(f"error: {where}: {broken}; `python study/run.py --resume` writes it again")
     with open(os.path.join(folder, "study_spec.json")) as f:

@@ -120,7 +120,9 @@ def run_command(args) -> int:
     spec = _checked_spec(args)
     address = preflight.ray_address(args.address)  # None: the embedded Ray (`local` in any spelling)
     storage = store.absolute(args.storage)
-    preflight.warn_ephemeral_record(args.mlflow_uri, address, storage)  # SQLite on a cluster: on its head
+    warning = recorder_class(args.recorder).cluster_warning(args.mlflow_uri, address, storage)
+    if warning:  # e.g. SQLite on a cluster: a file on its head node
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     study_dir = store.join(storage, spec.name)
     concurrency = default_concurrency(spec, cluster_cpus(address))
     if args.dry_run:
@@ -154,7 +156,8 @@ def _checked_spec(args) -> StudySpec:
     from study.spec import preflight
     from trial.yaml_io import InputFileError, describe_errors
 
-    problem = preflight.check_flags(args)
+    problem = preflight.check_flags(args) or recorder_class(args.recorder).check_flags(
+        args.mlflow_uri, args.storage, not args.dry_run)  # where the record goes, by the recorder that writes it
     if problem:
         raise StudyExit(EXIT_BAD_INPUT, f"error: {problem}")
     try:

@@ -137,7 +137,7 @@ def test_a_cluster_study_recording_to_sqlite_is_warned_that_the_record_dies_with
     """On a cluster (`ray job submit` sets RAY_ADDRESS) the driver runs on the head node: the default
     SQLite record is a file there and goes away with it. Warned (the study still runs), with how to point
     --mlflow-uri at a server that outlives the cluster; a laptop's study and a tracking server are not."""
-    from study.spec import preflight
+    from study.record.mlflow.uri_checks import ephemeral_record
 
     spec = str(ROOT / "search_spaces" / "smoke.yaml")
     storage = str(tmp_path / "studies")
@@ -155,14 +155,14 @@ def test_a_cluster_study_recording_to_sqlite_is_warned_that_the_record_dies_with
     assert server.returncode == 0 and "warning" not in server.stderr, server.stderr
 
     # the same decision for each way of naming a cluster and a store
-    bucket_default = preflight.ephemeral_record(None, "ray://head:10001", "s3://bucket/studies")
+    bucket_default = ephemeral_record(None, "ray://head:10001", "s3://bucket/studies")
     assert f"sqlite:///{os.path.abspath('studies')}/mlflow.db" in bucket_default  # for a bucket: ./studies
-    assert "head node" in preflight.ephemeral_record("sqlite:////data/mlflow.db", "auto", storage)
+    assert "head node" in ephemeral_record("sqlite:////data/mlflow.db", "auto", storage)
     for uri in ("http://mlflow.internal:5000", "https://mlflow.example.org",
                 "postgresql+psycopg2://mlflow@db:5432/mlflow"):
-        assert preflight.ephemeral_record(uri, "10.0.0.5:6379", storage) is None, uri
-    assert preflight.ephemeral_record(None, None, storage) is None  # run.py's address for the embedded Ray
-    assert preflight.ephemeral_record("sqlite:////data/mlflow.db", None, storage) is None
+        assert ephemeral_record(uri, "10.0.0.5:6379", storage) is None, uri
+    assert ephemeral_record(None, None, storage) is None  # run.py's address for the embedded Ray
+    assert ephemeral_record("sqlite:////data/mlflow.db", None, storage) is None
 
 
 def run_dry(env: dict, spec: str, storage: str, *extra: str) -> subprocess.CompletedProcess:

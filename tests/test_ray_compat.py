@@ -125,9 +125,9 @@ def test_the_embedded_ray_starts_with_token_auth_and_no_warning_about_it():
 
     plain = start("")
     assert "MODE token 7" in plain.stdout and "Token authentication is enabled" in plain.stderr, plain.stderr[-2000:]
-    ours = start("ray_compat.token_auth_as_ray_defaults_it()")
+    ours = start("ray_compat.token_auth_on_before_init()")
     assert "MODE token 7" in ours.stdout and "Token authentication" not in ours.stderr, ours.stderr[-2000:]
-    kept = start("ray_compat.token_auth_as_ray_defaults_it()", env_mode="disabled")
+    kept = start("ray_compat.token_auth_on_before_init()", env_mode="disabled")
     assert "MODE disabled 7" in kept.stdout, kept.stderr[-2000:]
 
 

@@ -28,6 +28,14 @@ DRIVER = textwrap.dedent('''
         def __init__(self, spec, uri, study_dir, identity):
             self.events = []
 
+        @staticmethod
+        def check_flags(uri, storage, network):
+            return None
+
+        @staticmethod
+        def cluster_warning(uri, address, storage):
+            return None
+
         @classmethod
         def check(cls, spec, study_dir, uri, identity):
             pass

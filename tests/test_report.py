@@ -21,7 +21,7 @@ from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write
 
 from study.experiment.search import CellSearcher
 from study.results.selection import standard_error
-from study.results.tables import results_frame, select, spread, summarize_seeds
+from study.results.tables import mean_and_range, results_frame, select, summarize_seeds
 from study.spec.schema import StudySpec
 from trial.loop import summarize
 
@@ -34,9 +34,9 @@ def spec_of(**changes) -> StudySpec:
 
 # --- the statistics, on hand-made numbers ------------------------------------------------------
 def test_the_spread_over_seeds_is_mean_min_and_max():
-    assert spread(pd.Series([0.8, 0.9, 1.0])) == (pytest.approx(0.9), 0.8, 1.0, 3)
-    assert spread(pd.Series([0.7, None]))[::3] == (pytest.approx(0.7), 1)  # what was measured
-    mean, low, high, n = spread(pd.Series([]))
+    assert mean_and_range(pd.Series([0.8, 0.9, 1.0])) == (pytest.approx(0.9), 0.8, 1.0, 3)
+    assert mean_and_range(pd.Series([0.7, None]))[::3] == (pytest.approx(0.7), 1)  # what was measured
+    mean, low, high, n = mean_and_range(pd.Series([]))
     assert n == 0 and math.isnan(mean) and math.isnan(low) and math.isnan(high)
 
 

@@ -166,7 +166,7 @@ def test_a_uri_with_harmless_options_and_a_user_name_is_accepted(tmp_path, capsy
 # --- 10a. databricks -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("uri", ["databricks", "databricks://my-profile", "Databricks"])
 def test_databricks_is_a_tracking_uri_not_a_file_store(uri, tmp_path, capsys, monkeypatch):
-    from study.spec.preflight import check_mlflow_uri
+    from study.record.mlflow.uri_checks import check_mlflow_uri
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)

@@ -24,7 +24,7 @@ from test_study import ENV, ROOT, mlflow_runs, run, write_spec
 from study import run as run_cli
 from study.experiment import snapshots
 from study.record import identity
-from study.spec.preflight import check_record_paths, sqlite_database
+from study.record.mlflow.uri_checks import check_record_paths, sqlite_database
 from study.spec.schema import load_spec
 from study.spec.trust import check_resume_folder
 

@@ -14,7 +14,8 @@ import types
 import pytest
 from test_review_records import SMOKE, no_study_starts, refused  # noqa: F401 (a fixture)
 
-from study.spec.preflight import check_mlflow_uri, credentials_problem
+from study.record.mlflow.uri_checks import check_mlflow_uri
+from study.spec.preflight import credentials_problem
 from trial import storage as store
 
 SECRET = "tok3n-s3cret-v4lue"

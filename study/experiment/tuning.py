@@ -43,7 +43,7 @@ def start_ray(address: str | None) -> None:
         return
     from trial.session import loopback_interface
 
-    ray_compat.token_auth_as_ray_defaults_it()
+    ray_compat.token_auth_on_before_init()
 
     # workers import the project from this checkout even if not installed
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}

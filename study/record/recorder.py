@@ -43,6 +43,15 @@ class Recorder(Protocol):
 
     errors: ClassVar[tuple[type[BaseException], ...]]
 
+    @staticmethod
+    def check_flags(uri: str | None, storage: str, network: bool) -> str | None:
+        """Before any work: the first problem with where the record goes (`--mlflow-uri`, None: the
+        default) as `<flag>: <what is wrong>`, or None; `network`: contact it (not on --dry-run)."""
+
+    @staticmethod
+    def cluster_warning(uri: str | None, address: str | None, storage: str) -> str | None:
+        """Why the record would not outlive the cluster at `address` (None: the embedded Ray), or None."""
+
     @classmethod
     def check(cls, spec, study_dir: str, uri: str, identity) -> None:
         """Before Ray starts: raise RecordRefused if the record cannot take this study (a record

@@ -96,7 +96,7 @@ def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
         runs = seed_runs(spec, group, best["trial_id"])
         best["seeds"] = len(runs)
         for col in [*SUMMARY_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in runs]]:
-            best[f"{col}_mean"], best[f"{col}_min"], best[f"{col}_max"], _ = spread(runs[col])
+            best[f"{col}_mean"], best[f"{col}_min"], best[f"{col}_max"], _ = mean_and_range(runs[col])
         rows.append(best)
     if not rows:
         return pd.DataFrame()
@@ -124,7 +124,7 @@ def _order(trial: dict) -> tuple:
     return (missing, 0 if missing else int(index), str(trial["trial_id"]))
 
 
-def spread(values: pd.Series) -> tuple[float, float, float, int]:
+def mean_and_range(values: pd.Series) -> tuple[float, float, float, int]:
     """Mean, minimum and maximum over seeds, and how many: what few seeds show (every bound is a
     value a run reached, so it stays inside the metric's range). NaN where nothing was measured."""
     v = pd.to_numeric(values, errors="coerce").dropna().to_numpy(dtype=float)
@@ -152,11 +152,11 @@ def summarize_seeds(spec: StudySpec, results: pd.DataFrame, selected: pd.DataFra
         for key, g in rec.groupby(by, dropna=False, sort=True):
             solved = pd.to_numeric(g.exact_match, errors="coerce").dropna()
             row = {"cell": sel.cell, **dict(zip(by, key)), "ids": g.ids.iloc[0],
-                   "in_distribution": bool(g.in_distribution.iloc[0]), "seeds": spread(g.answer_acc)[3]}
+                   "in_distribution": bool(g.in_distribution.iloc[0]), "seeds": mean_and_range(g.answer_acc)[3]}
             # answer_token_acc where the rows have it (results.csv written before it was measured have not)
             for col in ("answer_acc", "exact_match", "answer_token_acc"):
                 if col in g and g[col].notna().any():
-                    row[col], row[f"{col}_min"], row[f"{col}_max"], _ = spread(g[col])
+                    row[col], row[f"{col}_min"], row[f"{col}_max"], _ = mean_and_range(g[col])
                 if col == "exact_match":
                     row["runs_solved"] = float((solved >= EXTRAPOLATES).mean()) if len(solved) else float("nan")
             rows.append(row)
@@ -204,7 +204,7 @@ def report_from_results(spec: StudySpec, results: pd.DataFrame, out_dir: str
         for key, path in staged.items():
             os.replace(path, files[key])
         files["marker"] = os.path.join(out_dir, MARKER)
-        _write_atomic(files["marker"], json.dumps(seal(files), indent=1).encode())
+        _write_atomic(files["marker"], json.dumps(file_digests(files), indent=1).encode())
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return selected, summary, files
@@ -213,7 +213,7 @@ def report_from_results(spec: StudySpec, results: pd.DataFrame, out_dir: str
 MARKER = "report.json"
 
 
-def seal(files: dict[str, str]) -> dict[str, dict[str, str]]:
+def file_digests(files: dict[str, str]) -> dict[str, dict[str, str]]:
     """What report.json holds: {"files": {file name: sha256}} of the report's files."""
     import hashlib
 
@@ -223,7 +223,7 @@ def seal(files: dict[str, str]) -> dict[str, dict[str, str]]:
     return {"files": {os.path.basename(p): digest(p) for k, p in files.items() if k != "marker"}}
 
 
-def check_sealed(folder: str) -> str | None:
+def check_report_files(folder: str) -> str | None:
     """Why the report in `folder` cannot be trusted (a file missing or not the one its marker
     names: a report interrupted mid-write), or None. A study written before markers has none."""
     path = os.path.join(folder, MARKER)
@@ -231,7 +231,7 @@ def check_sealed(folder: str) -> str | None:
         return None
     with open(path) as f:
         expected = json.load(f)["files"]
-    actual = seal({n: os.path.join(folder, n) for n in expected if os.path.exists(os.path.join(folder, n))})["files"]
+    actual = file_digests({n: os.path.join(folder, n) for n in expected if os.path.exists(os.path.join(folder, n))})["files"]
     bad = sorted(n for n in expected if actual.get(n) != expected[n])
     return f"{', '.join(bad)} do(es) not match {MARKER}: the report was interrupted while written" if bad else None
 

@@ -22,7 +22,7 @@ NAME_TAG = "study.name"  # on every experiment a study records to: all of a name
 PARENT_TAG = "study.parent"
 
 
-def literal(value: str) -> str | None:
+def filter_literal(value: str) -> str | None:
     """`value` as a string literal of an MLflow filter string, or None where it has none. MLflow's
     parser takes a literal's text between its quotes as it is, with no escapes: single quotes
     unless the value holds one, else double quotes; a value with both cannot be written."""
@@ -35,7 +35,7 @@ def literal(value: str) -> str | None:
 def find_runs(client, experiment_ids: list[str], tags: dict[str, str], max_results: int = 1) -> list:
     """Runs tagged with exactly these values, newest first. A value no literal can hold (both
     quotes) is compared here instead of in MLflow's filter."""
-    written = {k: literal(v) for k, v in tags.items()}
+    written = {k: filter_literal(v) for k, v in tags.items()}
     query = " and ".join(f"tags.`{k}` = {q}" for k, q in written.items() if q is not None)
     exact = None in written.values()
     runs = client.search_runs(experiment_ids, filter_string=query, max_results=1000 if exact else max_results,
@@ -76,9 +76,9 @@ def study_experiment(client, spec: StudySpec, artifact_location: str | None, ide
     from mlflow.entities import ViewType
 
     name = spec.name
-    # a spec's name holds no quote (study/spec/schema.py): it has a literal
+    # a spec's name holds no quote (study/spec/schema.py): it has a filter_literal
     known = {e.experiment_id: e for e in client.search_experiments(
-        ViewType.ALL, filter_string=f"tags.`{NAME_TAG}` = {literal(name)}")}
+        ViewType.ALL, filter_string=f"tags.`{NAME_TAG}` = {filter_literal(name)}")}
     first = client.get_experiment_by_name(name)
     if first is not None:
         known[first.experiment_id] = first
@@ -136,7 +136,7 @@ def stored_study(tracking_uri: str, source: str, into: str) -> tuple[str, str]:
     client = MlflowClient(tracking_uri)
     # the studies of a name: in its experiment and in those of other artifact locations (study_experiment)
     exps = {e.experiment_id: e for e in client.search_experiments(
-        filter_string=f"tags.`{NAME_TAG}` = {literal(source)}")} if literal(source) else {}
+        filter_string=f"tags.`{NAME_TAG}` = {filter_literal(source)}")} if filter_literal(source) else {}
     exp = client.get_experiment_by_name(source)
     if exp is not None and exp.lifecycle_stage == "active":
         exps[exp.experiment_id] = exp

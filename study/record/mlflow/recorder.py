@@ -31,8 +31,8 @@ from study.record.identity import StudyIdentity
 from study.record.mlflow.experiment import (
     PARENT_TAG,
     artifact_root,
+    filter_literal,
     find_runs,
-    literal,
     runs_link,
     source_tags,
     stored_study,
@@ -40,6 +40,7 @@ from study.record.mlflow.experiment import (
     study_params,
 )
 from study.record.mlflow.trial_runs import extrapolation_metrics, is_metric, log_final_artifacts
+from study.record.mlflow.uri_checks import check_flags, ephemeral_record
 from study.record.recorder import TrialInfo
 from study.spec.schema import StudySpec, flat_params
 from trial.storage import first_line as _first_line
@@ -67,7 +68,7 @@ RETRY_S = 10.0  # while MLflow cannot be reached, events wait this long before t
 FLUSH_WAIT_S = float(os.environ.get("STUDY_MLFLOW_WAIT_S", "60"))
 
 
-def held_in_order(hook):
+def queued(hook):
     """An event whose MLflow calls may wait: it joins the backlog, which a thread records in order as
     far as MLflow answers (`MlflowRecorder.drain`), off Tune's loop (a result's writes take it
     about a second). Nothing is dropped; an event is replayed whole (runs found by tag)."""
@@ -116,6 +117,9 @@ class MlflowRecorder:
         self._writer_state()
         self.down_since: float | None = None
         self.last_error = ""  # what MLflow last answered instead of taking an event
+
+    check_flags = staticmethod(check_flags)  # --mlflow-uri, before any work (uri_checks.py)
+    cluster_warning = staticmethod(ephemeral_record)  # a SQLite record on a cluster's head node
 
     @classmethod
     def check(cls, spec: StudySpec, study_dir: str, uri: str, identity: StudyIdentity | None) -> None:
@@ -266,12 +270,12 @@ class MlflowRecorder:
         self.children[trial.trial_id] = run_id
         return run_id
 
-    @held_in_order
+    @queued
     def trial_started(self, trial: TrialInfo) -> None:
         self.starts[trial.trial_id] = self.starts.get(trial.trial_id, 0) + 1
         self._child(trial)
 
-    @held_in_order
+    @queued
     def trial_result(self, trial: TrialInfo, result: dict) -> None:
         run_id = self._child(trial)
         if run_id in self.finished_before:
@@ -289,13 +293,13 @@ class MlflowRecorder:
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
 
-    @held_in_order
+    @queued
     def trial_checkpoint(self, trial: TrialInfo, uri: str) -> None:
         run_id = self._child(trial)
         if run_id not in self.finished_before:  # `python -m study.loss_gap --mlflow-run` finds the model here
             self.client.set_tag(run_id, "checkpoint", uri)
 
-    @held_in_order
+    @queued
     def trial_done(self, trial: TrialInfo, result: dict) -> None:
         run_id = self._child(trial)
         if run_id not in self.finished_before:  # FINISHED once the snapshot saying so is in storage
@@ -304,7 +308,7 @@ class MlflowRecorder:
                 self.client.set_tag(run_id, "stopped", f"by the scheduler at step {last.get('step', '?')}")
             self.awaiting_snapshot.append(run_id)
 
-    @held_in_order
+    @queued
     def snapshot_stored(self) -> None:
         """study/experiment/snapshots.py's SnapshotGate: a snapshot is in storage. The runs of trials completed
         before it are FINISHED (a backlog is recorded in order: their completion is in `awaiting_snapshot`)."""
@@ -312,7 +316,7 @@ class MlflowRecorder:
             self.client.set_terminated(self.awaiting_snapshot[0], "FINISHED")
             self.awaiting_snapshot.pop(0)
 
-    @held_in_order
+    @queued
     def trial_error(self, trial: TrialInfo, reason: str) -> None:
         run_id = self._child(trial)
         if reason:  # MLflow drops non-finite metrics: the tag is what shows why the run failed
@@ -329,7 +333,7 @@ class MlflowRecorder:
         driver killed between a snapshot and the FINISHED mark leaves the run of a terminated trial
         unfinished: it is marked FINISHED. Returns the deleted run ids."""
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = "
-                                       f"{literal(self.parent_id)}", max_results=50000)
+                                       f"{filter_literal(self.parent_id)}", max_results=50000)
         dropped = []
         for r in runs:
             trial_id, status = r.data.tags.get(TRIAL_TAG), r.info.status
@@ -345,7 +349,7 @@ class MlflowRecorder:
         selected config (means over its seeds): `cell{i}/acc_beyond`, ..., `cell{i}/seeds`."""
         chosen = set(selected.trial_id) if len(selected) else set()
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = "
-                                       f"{literal(self.parent_id)}", max_results=50000)
+                                       f"{filter_literal(self.parent_id)}", max_results=50000)
         for r in runs:
             flag = "true" if r.data.tags.get(TRIAL_TAG) in chosen else "false"
             if r.data.tags.get("selected") != flag:

@@ -80,8 +80,8 @@ def _point_metrics(records: list[dict], now: int) -> list[Metric]:
     # flat keys that say their length: the runs table shows a metric's last step only, which for
     # acc_len/k{K} is the longest length with nothing saying so
     own = [r for r in records if r["ids"] == primary]
-    lengths = spread(sorted({int(r["length"]) for r in own}), FLAT_LENGTHS)
-    ks = spread(sorted({r["k"] for r in own if r["k"] is not None}), FLAT_KS)
+    lengths = evenly_spaced(sorted({int(r["length"]) for r in own}), FLAT_LENGTHS)
+    ks = evenly_spaced(sorted({r["k"] for r in own if r["k"] is not None}), FLAT_KS)
     for r in own:
         if int(r["length"]) in lengths and (r["k"] is None or r["k"] in ks) and math.isfinite(r["answer_acc"]):
             k = "all" if r["k"] is None else r["k"]
@@ -92,7 +92,7 @@ def _point_metrics(records: list[dict], now: int) -> list[Metric]:
 FLAT_LENGTHS, FLAT_KS = 8, 4  # flat acc_at_len keys: at most 32 per run, however many points
 
 
-def spread(values: list, n: int) -> list:
+def evenly_spaced(values: list, n: int) -> list:
     """At most n of the sorted values, evenly spaced, the first and the last among them."""
     if len(values) <= n:
         return values
