@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
     from study.spec.schema import set_path  # the dotted-path setter study specs use
     from trial.config import TrialConfig
+    from trial.evaluate import with_places
     from trial.loop import load_trained, train_loop_per_worker
     from trial.session import FolderSession
     from trial.yaml_io import describe_errors
@@ -77,10 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{cfg.task.name} {pos.label} id_window={pos.id_window} heads={pos.id_window_heads}: "
           f"largest id distance in training {trained_span}")
     for length, k in cfg.eval_points():
-        batch = task.sample(args.samples, rng, length=length, k=k)
+        batch = with_places(task, task.sample(args.samples, rng, length=length, k=k), pos.scheme)
         ids = pos.scheme.inference_ids(batch.position_ids)
+        places = None if batch.digit_places is None else torch.from_numpy(batch.digit_places[:, :-1])
         with torch.no_grad():
-            logits, _, _ = model(torch.from_numpy(batch.tokens[:, :-1]), torch.from_numpy(ids[:, :-1]))
+            logits, _, _ = model(torch.from_numpy(batch.tokens[:, :-1]), torch.from_numpy(ids[:, :-1]),
+                                 digit_places=places)
         right = (logits.argmax(-1).numpy() == batch.tokens[:, 1:]) & batch.loss_mask[:, 1:]
         P, G = int(batch.prompt_len[0]), int(batch.seq_len[0] - batch.prompt_len[0])
         acc = right[:, P - 1 : P - 1 + G].mean(0)

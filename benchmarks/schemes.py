@@ -252,7 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     lrs = "/".join(f"{lr:g}" for lr in sorted({j["trial"]["optim"]["lr"] for j in unique}))
     print(f"{len(unique)} trials, seeds {args.seeds}, lr {lrs}, {args.workers} at a time", flush=True)
     if args.from_json:
-        (rows, _), seconds, wall = saved_runs(args.from_json, unique), [], 0.0
+        try:
+            (rows, _), seconds, wall = saved_runs(args.from_json, unique), [], 0.0
+            held = sorted({s for p in args.from_json for s in json.loads(Path(p).read_text()).get("seeds", [])})
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: --from-json: {e}", file=sys.stderr)
+            return 2
+        if not rows:
+            print(f"error: --from-json: no saved run of these cells at seeds {args.seeds}; the files hold seeds "
+                  f"{held} (give them with --seeds)", file=sys.stderr)
+            return 2
     else:
         rows, _, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)

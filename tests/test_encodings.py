@@ -432,3 +432,41 @@ def test_the_schemes_docs_keep_a_table_per_set_of_tasks(tmp_path):
     text = docs.read_text()
     assert "<!-- generated: schemes_by_task reverse steps 6000 seeds 0 -->" in text
     assert "<!-- generated: schemes_by_task duplicate steps 6000 seeds 0 -->" in text
+
+
+def test_saved_runs_of_other_seeds_are_an_error_that_names_the_seeds_they_hold(tmp_path, capsys):
+    """`--from-json` of runs at seeds 9-11 without `--seeds 9 10 11` matches nothing: exit 2 with the
+    seeds the files hold, not a traceback; a file that is not there is exit 2 too."""
+    import json
+
+    from benchmarks.schemes import main
+
+    cell = "encoding=learned,ids=sequential,max_position=96,name=reverse"
+    rows = [{"spec": "schemes_by_task", "cell": cell, "seed": 9, "length": n, "k": None, "ids": "sequential",
+             "own_ids": True, "exact_match": 1.0, "answer_token_acc": 1.0} for n in (8, 16)]
+    saved = tmp_path / "runs.json"
+    saved.write_text(json.dumps({"seeds": [9], "rows": rows}))
+    assert main(["--cells", cell, "--from-json", str(saved)]) == 2
+    assert capsys.readouterr().err.strip().endswith("the files hold seeds [9] (give them with --seeds)")
+    assert main(["--cells", cell, "--from-json", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.startswith("error: --from-json: ")
+
+
+def test_per_position_accuracy_runs_on_an_abacus_model(tmp_path, capsys):
+    """benchmarks/per_position.py hands an Abacus model its digit places, as the evaluation does
+    (without them the model refuses to run)."""
+    import yaml
+
+    from benchmarks.per_position import main
+
+    config = tmp_path / "abacus.yaml"
+    config.write_text(yaml.safe_dump({
+        "task": {"name": "addition", "params": {"train_length": 3, "min_length": 1, "operand_order": "lsb_first",
+                                                "operands": "unpadded"}},
+        "positional": {"encoding": "nope", "ids": "sequential", "max_position": 32, "abacus": True},
+        "model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
+        "optim": {"steps": 4, "batch_size": 8, "warmup_steps": 1},
+        "eval": {"lengths": [3, 5], "samples_per_point": 4, "val_samples": 4, "every_steps": 4}}))
+    assert main([str(config), "--samples", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "length 5: target position" in out and "  6  " in out  # 5 + 5 digits: a 6-digit answer
