@@ -154,6 +154,7 @@ def test_shipped_trial_config_measures_what_it_claims(path):
     the window at the longest test length (else those heads could not see it)."""
     import yaml
 
+    import analysis  # noqa: F401  (a config with an analysis section: lm_stdlib's loss_gap)
     from trial.config import TrialConfig
 
     cfg = TrialConfig.model_validate(yaml.safe_load(path.read_text()))
@@ -175,8 +176,13 @@ def test_shipped_trial_config_measures_what_it_claims(path):
         tested |= set(ids[np.arange(ids.shape[1])[None, :] < batch.seq_len[:, None]].tolist())
     need = max(cfg.ids_needed(length, k) for length, k in cfg.eval_points())
     assert max(tested) <= need < pos.max_position
-    untrained = sorted(tested - trained_ids(cfg))
-    assert not untrained, f"test ids {untrained[:5]}... never trained (positional.shift, ids, max_position)"
+    if pos.encoding != "nope":  # NoPE reads no ids
+        untrained = sorted(tested - trained_ids(cfg))
+        assert not untrained, f"test ids {untrained[:5]}... never trained (positional.shift, ids, max_position)"
+    if pos.abacus:  # the digit places a test reads were trained: the offset reaches them
+        longest = max(int(task.digit_places(task.sample(16, np.random.default_rng(n), length=n)).max())
+                      for n, _ in cfg.eval_points())
+        assert longest <= task.train_length + 1 + pos.abacus_max_offset, (longest, "abacus_max_offset")
 
     ppc = path.stem.endswith("_ppc") or bool(re.search(r"\bPPC\b|Predictive Position Coupling", claims))
     assert (pos.ids == "predicted") == ppc, (pos.ids, "the name or comment says PPC" if ppc else "not PPC")

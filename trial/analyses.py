@@ -56,13 +56,18 @@ def register(*classes: type[Analysis]) -> None:
         add_metrics(cls.metrics, cls.report_columns)
 
 
-def analysis_sections(data: Any) -> Any:
+def analysis_sections(data: Any, fields: set[str]) -> Any:
     """The registered analyses' sections of a raw config moved under `analyses`, each validated as
-    its analysis's settings; an error names the section's field (`sparsity.k_max: ...`)."""
+    its analysis's settings; an error names the section's field (`sparsity.k_max: ...`). A key that is
+    none of `fields` nor a registered analysis is refused, saying how analyses are registered."""
     if not isinstance(data, dict):
         return data
     if "analyses" in data:
         raise ValueError(f"analyses: not a field; give each analysis its own section ({', '.join(REGISTERED)})")
+    unknown = [k for k in data if k not in fields and k not in REGISTERED]
+    if unknown:
+        raise ValueError(f"{unknown[0]}: Extra inputs are not permitted (not a trial-config field, nor an analysis "
+                         "registered in this process: `import analysis` registers the shipped ones)")
     data, found = dict(data), {}
     for name in [n for n in data if n in REGISTERED]:
         section = data.pop(name)

@@ -231,7 +231,7 @@ class TrialConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _finite(cls, data: Any) -> Any:
-        return analysis_sections(refuse_non_finite(data))
+        return analysis_sections(refuse_non_finite(data), set(cls.model_fields) - {"analyses"})
 
     @model_serializer(mode="wrap")
     def _sections_at_the_top(self, handler, info) -> dict:
