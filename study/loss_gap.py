@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from analysis.hf_model import HFCausalLM, hf_tokens
 from analysis.loss_gap import LossGapSpec, plot_gap, run_analysis, sample_windows, summarize_gap
-from study.model_source import add_model_source, checkpoint_of_run
+from study.model_source import add_model_source, checkpoint_of, record_measurement
 from trial.yaml_io import describe_errors
 
 
@@ -68,11 +68,9 @@ def model_and_tokens(args: argparse.Namespace, spec: LossGapSpec):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    client = run_id = None
     try:
         spec = spec_of(args)
-        if args.mlflow_run:
-            client, run_id, args.checkpoint = checkpoint_of_run(args.mlflow_uri, args.mlflow_run)
+        args.checkpoint = checkpoint_of(args)
         model, tokens = model_and_tokens(args, spec)
     except (ValueError, ValidationError) as e:
         print(f"error: {describe_errors(e)}", file=sys.stderr)
@@ -89,12 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"method={spec.method} L_bar={spec.long_context} L={spec.short_context} targets={spec.targets} "
           f"({timing['seconds_per_1k_targets']:.1f} s per 1000 targets)")
     print(summary.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    if client is not None:
-        for row in summary.itertuples():
-            client.log_metric(run_id, f"loss_gap/recovered_median/k{row.k}", float(row.recovered_median))
-            client.log_metric(run_id, f"loss_gap/recovered_mean/k{row.k}", float(row.recovered_mean))
-        client.log_artifacts(run_id, args.out, "loss_gap")
-        client.set_tag(run_id, "loss_gap.method", spec.method)
+    metrics = {f"recovered_{how}/k{row.k}": float(getattr(row, f"recovered_{how}"))
+               for row in summary.itertuples() for how in ("median", "mean")}
+    record_measurement(args, "loss_gap", metrics, {"loss_gap.method": spec.method})
     print(json.dumps({"out": args.out}))
     return 0
 

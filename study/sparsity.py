@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -19,7 +18,7 @@ from pydantic import ValidationError
 
 from analysis.sparsity import SparsitySpec, by_kind, csv_ready, plot_k, run_meter, summarize
 from models.positions import PositionalScheme
-from study.model_source import add_model_source, checkpoint_of_run
+from study.model_source import add_model_source, checkpoint_of, record_measurement
 from trial.yaml_io import describe_errors
 
 
@@ -88,23 +87,17 @@ def write_and_print(table, info: dict, task, spec: SparsitySpec, out: str) -> No
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    client = run_id = None
     try:
         spec = SparsitySpec(**{k: v for k, v in vars(args).items() if k in SparsitySpec.model_fields and v is not None})
-        if args.mlflow_run:
-            client, run_id, args.checkpoint = checkpoint_of_run(args.mlflow_uri, args.mlflow_run)
+        args.checkpoint = checkpoint_of(args)
         model, task, scheme, text = model_of(args, spec)
     except (ValueError, ValidationError) as e:
         print(f"error: {describe_errors(e)}", file=sys.stderr)
         return 2
     table, info = run_meter(model, task, scheme, spec, args.seed, progress=progress, text_tokens=text)
     write_and_print(table, info, task, spec, args.out)
-    if client is not None:
-        for key, value in summarize(table, spec.k_max).items():
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                client.log_metric(run_id, f"sparsity/{key}", float(value))
-        client.log_artifacts(run_id, args.out, "sparsity")
-        client.set_tag(run_id, "sparsity.method", f"{spec.method}/{info['ablation']}")
+    metrics = {k: float(v) for k, v in summarize(table, spec.k_max).items() if isinstance(v, (int, float))}
+    record_measurement(args, "sparsity", metrics, {"sparsity.method": f"{spec.method}/{info['ablation']}"})
     print(json.dumps({"out": args.out}))
     return 0
 

@@ -1,6 +1,6 @@
 """The code's shape, checked: the layers import one way, no module imports itself back through
-others (imports inside functions count), modules and their docstrings stay short enough to read, and
-Ray's private names live in one module.
+others (imports inside functions count), modules and their docstrings stay short enough to read,
+Ray's private names live in one module, and MLflow is spoken in its recorder's folder only.
 
 Layers, lowest first: tasks and models, then trial (one trial), then analysis (after training), then
 study (many trials, and the commands). A module may import its own layer and the layers below; inside
@@ -155,6 +155,20 @@ def test_module_docstrings_are_short():
         if lines > MAX_DOCSTRING_LINES:
             long[str(path.relative_to(ROOT))] = lines
     assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines (move the rest to docs/): {long}"
+
+
+def test_mlflow_is_spoken_in_its_recorder_only():
+    """The record is a seam (study/record/recorder.py): only the MLflow recorder's folder imports
+    mlflow; everything else asks the recorder."""
+    found = []
+    for name, path in modules().items():
+        if name.startswith("study.record.mlflow"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            found += [f"{name}: imports {n}" for n in names if n.split(".")[0] == "mlflow"]
+    assert not found, "\n".join(found)
 
 
 PRIVATE_RAY = re.compile(r"ray\.\w+(\.\w+)*\._\w+|ray\._\w+|\._(local_tuner|delete_fs_path|checkpoint_manager)\b"

@@ -206,3 +206,23 @@ def test_cli_on_a_checkpoint_and_on_a_hugging_face_model(trained_lm, tmp_path):
         assert len(table) == 4 and set(table.kind) == {"text"} and "planted" not in table
     bad = meter("--hf", str(tmp_path / "tiny-llama"), "--ablation", "resample")
     assert bad.returncode == 2 and "--ablation" in bad.stderr
+
+
+def test_cli_on_a_recorded_trial_run_writes_its_measurement_back(trained_lm, tmp_path):
+    """--mlflow-run: the model is the run's `checkpoint` tag, and the summary's metrics, the method's
+    tag and the files go back to that run (a real MLflow, SQLite)."""
+    from mlflow.tracking import MlflowClient
+
+    from study.loss_gap import main
+
+    _, folder = trained_lm
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("study"), tags={"checkpoint": str(folder)}).info.run_id
+    assert main(["--mlflow-run", run_id, "--mlflow-uri", uri, "--long-context", "64", "--short-context", "8",
+                 "--ks", "1,2", "--targets", "6", "--out", str(tmp_path / "out")]) == 0
+    run = client.get_run(run_id)
+    assert {f"loss_gap/recovered_{how}/k{k}" for how in ("median", "mean") for k in (1, 2)} == set(run.data.metrics)
+    assert run.data.tags["loss_gap.method"] == "gain"
+    assert {"loss_gap/summary.csv", "loss_gap/tokens.csv", "loss_gap/gap_scatter.png"} <= {
+        f.path for f in client.list_artifacts(run_id, "loss_gap")}

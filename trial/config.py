@@ -255,6 +255,12 @@ class TrialConfig(Strict):
         """The task, built once (validation already needed it; a corpus loads once)."""
         return tasks.get_task(self.task.name, **self.task.params)
 
+    def __getstate__(self) -> dict:
+        # a config sent to Ray Train's workers travels without its task: a corpus is loaded where it is used
+        state = super().__getstate__()
+        state["__dict__"] = {k: v for k, v in state["__dict__"].items() if k != "task_instance"}
+        return state
+
     def architecture(self, vocab_size: int) -> ModelConfig:
         """The model's own config, every field taken by name from `model` and `positional` (three
         user-facing names differ: MODEL_FIELD_NAMES); `vocab_size` and `position_head` are derived."""

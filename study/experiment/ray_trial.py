@@ -5,8 +5,9 @@ calls `fit()`; the Train run is named after the Tune trial, so a trial Tune rest
 checkpoints in storage. One-worker trials run the same loop directly in the Tune trial's process,
 reporting to Tune, which keeps what Ray Train's local mode would drop (intermediate metrics,
 checkpoints, Tune's own retries). Retries are Tune's alone, so a trial runs at most max_failures + 1
-times, and a trial that diverged is not retried at all (`NoRetryOnDivergence`). The details and
-why: docs/trial.md, "A trial on Ray".
+times, and a trial that diverged is not retried at all (`NoRetryOnDivergence`). The Tune config
+holds the trial config as the record's plain dict; `run_trial` validates it, once, and the loop and
+its workers get the typed config. The details and why: docs/trial.md, "A trial on Ray".
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
 from study import ray_compat
+from trial.config import TrialConfig
 from trial.loop import Diverged, train_loop_per_worker
 from trial.storage import join, retry_through_outage
 
@@ -68,16 +70,15 @@ class _RaySession:
 
 
 def ray_train_loop(config: dict) -> None:
-    """What each Ray Train worker runs."""
-    train_loop_per_worker(config, _RaySession(ray.train))
+    """What each Ray Train worker runs: the trial's typed config under "trial"."""
+    train_loop_per_worker(config["trial"], _RaySession(ray.train))
 
 
 def run_trial(config: dict) -> None:
     """Tune function trainable: run one trial's TorchTrainer to completion."""
-    trial = config["trial"]  # the Tune config holds the full trial config under this key
     res = config["resources"]
     try:
-        _run(trial, res)
+        _run(TrialConfig.model_validate(config["trial"]), res)  # the full trial config, validated once
     except Exception as e:
         diverged = _diverged(e)
         if diverged is None:
@@ -89,7 +90,7 @@ def run_trial(config: dict) -> None:
         raise diverged from None
 
 
-def _run(trial: dict, res: dict) -> None:
+def _run(trial: TrialConfig, res: dict) -> None:
     workers = res["workers_per_trial"]
     if workers == 1:
         train_loop_per_worker(trial, _RaySession(ray.tune))
@@ -101,7 +102,7 @@ def _run(trial: dict, res: dict) -> None:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     trainer = TorchTrainer(
         ray_train_loop,
-        train_loop_config=trial,
+        train_loop_config={"trial": trial},
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=res["gpus_per_worker"] > 0,

@@ -23,6 +23,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from study.results.selection import choose, validation_samples
 from study.spec.schema import StudySpec
+from trial.config import TrialConfig
 
 
 class CellSearcher(Searcher):
@@ -159,13 +160,14 @@ class CellASHA(FIFOScheduler):
     """ASHA within each cell: routes every trial event to its cell's own ASHA instance.
 
     Time is counted in reports (`training_iteration`): one per `eval.every_steps` and the final one,
-    `ceil(optim.steps / eval.every_steps)` in all, taken from the cell's own trial config (a grid may
-    vary either). A trial the scheduler stops keeps its last report; study/results/tables.py counts it as
+    `ceil(optim.steps / eval.every_steps)` in all, `reports` per cell index (a grid may vary either).
+    A trial the scheduler stops keeps its last report; study/results/tables.py counts it as
     STOPPED and never selects it (it has no evaluation of the evaluation points)."""
 
-    def __init__(self, metric: str, mode: str, grace_period: int, reduction_factor: int):
-        super().__init__()  # Ray 2.60's FIFOScheduler takes no arguments
-        self._metric, self._mode = metric, mode
+    def __init__(self, metric: str, mode: str, grace_period: int, reduction_factor: int,
+                 reports: dict[int, int]):
+        super().__init__()  # FIFOScheduler takes no settings: each cell's ASHA holds them
+        self._metric, self._mode, self.reports = metric, mode, reports  # per trial, by cell index
         self._kwargs = dict(metric=metric, mode=mode, grace_period=grace_period,
                             reduction_factor=reduction_factor, time_attr="training_iteration",
                             stop_last_trials=False)  # a trial ends by itself after its final report
@@ -174,7 +176,7 @@ class CellASHA(FIFOScheduler):
     def _asha(self, trial) -> AsyncHyperBandScheduler:
         cell = trial.config["cell"]
         if cell not in self._by_cell:
-            reports = reports_of(trial.config["trial"])
+            reports = self.reports[cell]
             self._by_cell[cell] = AsyncHyperBandScheduler(
                 **{**self._kwargs, "max_t": reports, "grace_period": min(self._kwargs["grace_period"], reports)})
         return self._by_cell[cell]
@@ -201,10 +203,7 @@ class CellASHA(FIFOScheduler):
         return f"ASHA per cell over {len(self._by_cell)} cells"
 
 
-def reports_of(trial_config: dict) -> int:
+def reports_per_trial(cfg: TrialConfig) -> int:
     """How many times a trial reports: at every eval.every_steps before the last step, then once at
     the end (trial/loop.py)."""
-    from trial.config import TrialConfig
-
-    cfg = TrialConfig.model_validate(trial_config)
     return -(-cfg.optim.steps // cfg.eval.every_steps)

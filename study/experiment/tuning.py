@@ -299,10 +299,13 @@ def stop_like_ctrl_c_on_sigterm() -> list[int]:
 def build_search(spec: StudySpec, resources: dict):
     """The study's searcher and scheduler (None: FIFO). `--dry-run` builds them too, so a spec
     whose scheduler cannot be built fails there, not on the cluster."""
-    from study.experiment.search import CellASHA, CellSearcher
+    from study.experiment.search import CellASHA, CellSearcher, reports_per_trial
 
-    scheduler = (CellASHA(spec.objective.metric, spec.objective.mode, spec.scheduler.grace_period,
-                          spec.scheduler.reduction_factor) if spec.scheduler.type == "asha" else None)
+    scheduler = None
+    if spec.scheduler.type == "asha":
+        reports = {cell.index: reports_per_trial(spec.checked_config(cell)) for cell in spec.cells()}
+        scheduler = CellASHA(spec.objective.metric, spec.objective.mode, spec.scheduler.grace_period,
+                             spec.scheduler.reduction_factor, reports)
     return CellSearcher(spec, resources), scheduler
 
 

@@ -62,6 +62,17 @@ class Recorder(Protocol):
         """For `python -m study.report NAME`: the newest study `name`'s report files (results.csv,
         study_spec.json) downloaded into `into`, and where they came from; LookupError if none."""
 
+    @staticmethod
+    def trial_model(uri: str, run: str) -> str:
+        """For the analysis commands: where trial run `run` stored its model (a checkpoint folder or
+        bucket URI); a ValueError naming the flag if the record has no such run or no model."""
+
+    @staticmethod
+    def analysis_measured(uri: str, run: str, name: str, metrics: dict[str, float], tags: dict[str, str],
+                          folder: str) -> None:
+        """An analysis command's measurement of trial run `run`: its metrics and tags, and the files
+        in `folder`, under the analysis's `name`."""
+
     def study_started(self) -> None: ...
     def trial_started(self, trial: TrialInfo) -> None: ...
     def trial_result(self, trial: TrialInfo, result: dict[str, Any]) -> None: ...

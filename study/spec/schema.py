@@ -6,8 +6,8 @@
   `extrapolation: true`.
 Keys of `grid` and `search.params` are dotted paths into the trial config (trial/config.py), e.g.
 `task.params.train_k`, `optim.lr`, or `positional` (a whole group, given as a mapping).
-Every trial config the study can produce is validated when the spec is loaded: each cell with
-every `choice` value and both ends of every range of the search, so a typo in a path, an unknown
+Every trial config the study can produce is validated when the spec is loaded (and each cell's kept,
+typed): each cell with every `choice` value and both ends of every search range, so a typo, an unknown
 scheme, a test length beyond `max_position` or a searched value out of range fails before Ray
 starts, naming the field. So do settings that would be silently overridden or conflict (a grid and
 a search on one path, `base.seed`, `base.deepspeed` against `resources`).
@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
 from study.spec.plan_bounds import check_plan_size
@@ -40,9 +40,7 @@ KINDS = ("loguniform", "uniform", "int", "choice")
 # filesystem mixes MLflow.db and mlflow.db up); `<name>-...` too (SQLite's -journal, -wal, -shm)
 RESERVED_NAMES = {"mlflow.db": "the default MLflow database (sqlite:///<storage>/mlflow.db)",
                   "mlartifacts": "MLflow's artifacts of a study in a bucket (<storage>/mlartifacts/<name>)"}
-# a search's points are validated as one product per cell while it is this small, else each
-# point once with the other parameters at their first point
-MAX_POINT_PRODUCT = 256
+MAX_POINT_PRODUCT = 256  # a search's points checked as one product while this small (else one by one)
 
 
 class Distribution(Strict):
@@ -163,6 +161,7 @@ class StudySpec(Strict):
                           "cell's trials; with one, the selected trial and replicas - 1 reruns of its config")
     resources: ResourcesSpec = ResourcesSpec()
     seed: int = Field(0, ge=0, le=MAX_SEED)
+    _checked: dict[int, TrialConfig] = PrivateAttr(default_factory=dict)  # checked_config's
 
     @model_validator(mode="before")
     @classmethod
@@ -275,6 +274,7 @@ class StudySpec(Strict):
             if dist.kind in ("uniform", "loguniform") and isinstance(_get_path(cfg, path), int):
                 raise ValueError(f"search.params.{path}: {dist.kind} draws real numbers but {path} is an "
                                  "integer (or a bool); use int: [low, high] or choice")
+        self._checked.setdefault(cell.index, cfg)
         problem = fits(cfg, self.resources.workers_per_trial, self.resources.gpus_per_worker, here)
         if problem:
             raise ValueError(f"{prefix}{problem}{where}")
@@ -305,6 +305,11 @@ class StudySpec(Strict):
             cells.append(Cell(i, factors))
         return cells
 
+    def checked_config(self, cell: Cell) -> TrialConfig:
+        """The cell's trial config, typed, as the check validated it (the search's first point, the
+        study's seed): what the driver reads of a cell, without validating it again."""
+        return self._checked[cell.index]
+
     @property
     def trials_per_cell(self) -> int:
         """Every trial a cell runs: its search, then replicas - 1 reruns of the selected config (or,
@@ -326,6 +331,7 @@ class StudySpec(Strict):
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Dotted leaf path -> value; also what a resume compares (study/record/identity.py)."""
     out = {}
     for key, value in d.items():
         path = f"{prefix}{key}"
@@ -334,9 +340,6 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[path] = value
     return out
-
-
-flatten = flatten  # dotted leaf path -> value; also what a resume compares (study/record/identity.py)
 
 
 def _points(params: dict[str, Distribution]):

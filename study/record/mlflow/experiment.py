@@ -123,31 +123,31 @@ def _refuse_deleted(client, exp) -> None:
             f"--backend-store-uri {uri} --experiment-ids {exp.experiment_id}`), or give the study another name")
 
 
-def stored_study(tracking_uri: str, source: str, into: str) -> tuple[str, str]:
-    """(folder, where) of the newest study named `source` in the store: its report files
+def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
+    """(folder, where) of the newest study named `name` in the store: its report files
     (results.csv, study_spec.json) downloaded into `into`; a LookupError says why there is none."""
     import os
 
     from mlflow.tracking import MlflowClient
 
-    database = tracking_uri.partition("sqlite:///")[2] if tracking_uri.startswith("sqlite:///") else None
+    database = uri.partition("sqlite:///")[2] if uri.startswith("sqlite:///") else None
     if database and not os.path.exists(database):  # MLflow would create an empty one to search
-        raise LookupError(f"error: {source}: neither a study folder nor an experiment (no database {database})")
-    client = MlflowClient(tracking_uri)
+        raise LookupError(f"error: {name}: neither a study folder nor an experiment (no database {database})")
+    client = MlflowClient(uri)
     # the studies of a name: in its experiment and in those of other artifact locations (study_experiment)
     exps = {e.experiment_id: e for e in client.search_experiments(
-        filter_string=f"tags.`{NAME_TAG}` = {filter_literal(source)}")} if filter_literal(source) else {}
-    exp = client.get_experiment_by_name(source)
+        filter_string=f"tags.`{NAME_TAG}` = {filter_literal(name)}")} if filter_literal(name) else {}
+    exp = client.get_experiment_by_name(name)
     if exp is not None and exp.lifecycle_stage == "active":
         exps[exp.experiment_id] = exp
     if not exps:
-        raise LookupError(f"error: {source}: neither a study folder nor an experiment in {tracking_uri}")
+        raise LookupError(f"error: {name}: neither a study folder nor an experiment in {uri}")
     parents = find_runs(client, list(exps), {PARENT_TAG: "true"}, max_results=1000)
     if not parents:
-        raise LookupError(f"error: experiment {source} has no study run")
+        raise LookupError(f"error: experiment {name} has no study run")
     run_id = parents[0].info.run_id  # studies of one name (other storages): the newest
-    for name in ("results.csv", "study_spec.json"):
-        client.download_artifacts(run_id, name, into)
+    for file in ("results.csv", "study_spec.json"):
+        client.download_artifacts(run_id, file, into)
     folder, where = into, f"MLflow run {run_id} of experiment {exps[parents[0].info.experiment_id].name}"
     if len(parents) > 1:
         where += (f" (the tracking store holds {len(parents)} studies of this name; this is the newest, "

@@ -39,6 +39,7 @@ from study.record.mlflow.experiment import (
     study_experiment,
     study_params,
 )
+from study.record.mlflow.measured_runs import checkpoint_of_run, log_measurement
 from study.record.mlflow.trial_runs import extrapolation_metrics, is_metric, log_final_artifacts
 from study.record.mlflow.uri_checks import check_flags, ephemeral_record
 from study.record.recorder import TrialInfo
@@ -120,6 +121,9 @@ class MlflowRecorder:
 
     check_flags = staticmethod(check_flags)  # --mlflow-uri, before any work (uri_checks.py)
     cluster_warning = staticmethod(ephemeral_record)  # a SQLite record on a cluster's head node
+    stored_study = staticmethod(stored_study)  # the report files of the newest study of a name
+    trial_model = staticmethod(checkpoint_of_run)  # the analysis commands' --mlflow-run (measured_runs.py)
+    analysis_measured = staticmethod(log_measurement)
 
     @classmethod
     def check(cls, spec: StudySpec, study_dir: str, uri: str, identity: StudyIdentity | None) -> None:
@@ -129,12 +133,6 @@ class MlflowRecorder:
             study_experiment(MlflowClient(uri), spec, artifact_root(study_dir, uri, spec.name), identity)
         except (MlflowException, OSError):
             pass
-
-    @staticmethod
-    def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
-        """The report files of the newest study `name` in the store, downloaded into `into`:
-        (folder, where they came from); a LookupError says why there are none."""
-        return stored_study(uri, name, into)
 
     def study_started(self) -> None:
         """The study's experiment and parent run: found again on a resume, else made."""
