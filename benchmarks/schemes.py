@@ -85,7 +85,7 @@ FIELD_CLAIMS = [
 ]
 
 
-def _spread(values) -> str:
+def mean_and_range_text(values) -> str:
     return f"{values.mean():.2f} [{values.min():.2f}-{values.max():.2f}]"
 
 
@@ -109,7 +109,7 @@ def judge(claim: FieldClaim, table, train_length: int, samples: int) -> tuple[bo
     runs = {s: per_run(c, at, claim.metric) for s, c in cells.items()}
     mine = runs[claim.scheme]
     if claim.above is None:
-        return bool(mine.mean() >= claim.at_least), f"{claim.scheme} {_spread(mine)} >= {claim.at_least}? at {at}"
+        return bool(mine.mean() >= claim.at_least), f"{claim.scheme} {mean_and_range_text(mine)} >= {claim.at_least}? at {at}"
     # a run that did not fit says nothing beyond the train length: pair only the runs where both fit
     fit = [per_run(c, train_length) >= FITS for c in cells.values()]
     difference = (mine - runs[claim.above]).dropna()
@@ -117,8 +117,8 @@ def judge(claim: FieldClaim, table, train_length: int, samples: int) -> tuple[bo
                         & fit[1].reindex(difference.index, fill_value=False)]
     above = paired > sampling_margin(mine, runs[claim.above], samples).reindex(paired.index)
     holds = len(paired) >= min(2, len(difference)) > 0 and bool(above.all())
-    return holds, (f"{claim.scheme} {_spread(mine)} vs {claim.above} {_spread(runs[claim.above])} at {at}, "
-                   f"paired difference {_spread(difference)}, above 2 standard errors (n={samples}) on "
+    return holds, (f"{claim.scheme} {mean_and_range_text(mine)} vs {claim.above} {mean_and_range_text(runs[claim.above])} at {at}, "
+                   f"paired difference {mean_and_range_text(difference)}, above 2 standard errors (n={samples}) on "
                    f"{int(above.sum())}/{len(paired)} runs where both fit (of {len(difference)})")
 
 

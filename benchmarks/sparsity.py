@@ -71,7 +71,7 @@ def study_table(spec, results) -> str:
 
     from study.results.tables import seed_runs, select
 
-    def spread(values) -> str:
+    def mean_and_range_text(values) -> str:
         v = values.dropna()
         if v.empty:
             return "-"
@@ -90,7 +90,7 @@ def study_table(spec, results) -> str:
         num = runs.apply(lambda col: pd.to_numeric(col, errors="coerce"))
         params = ", ".join(f"{k.split('.')[-1]} {v:.3g}" for k, v in sel.items() if k.startswith("search."))
         lines.append(f"| {cell_name(factors.get(sel['cell'], {}))} | {params or '-'} | {len(runs)} "
-                     f"| {spread(num.acc_beyond)} | {spread(num.acc_k_beyond)} "
+                     f"| {mean_and_range_text(num.acc_beyond)} | {mean_and_range_text(num.acc_k_beyond)} "
                      f"| {mean(num['sparsity/k_median'], 1)} / {mean(num['sparsity/k_p90'], 1)} "
                      f"| {mean(num['sparsity/k_match'])} | {mean(num['sparsity/precision'])} "
                      f"| {mean(num['sparsity/recall'])} | {mean(num['sparsity/targets_flat'], 1)} |")

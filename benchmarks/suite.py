@@ -422,7 +422,7 @@ def p4_generation_and_data(repeats: int = 5, configs: tuple[str, ...] | None = N
 
         def step(b_ids=data()):  # noqa: B008 (one batch, drawn once: the step times the model, not the data)
             b, ids = b_ids
-            loss, _, _ = next_token_loss(model, model, Tensors.of(b, ids, torch.device("cpu")),
+            loss, _, _ = next_token_loss(model, model, Tensors.from_batch(b, ids, torch.device("cpu")),
                                          pos.position_loss_weight)
             loss.backward()
             opt.step()

@@ -362,15 +362,15 @@ def test_answer_token_acc_counts_answer_tokens_and_exact_match_whole_outputs(mon
         target[torch.arange(len(target)), first_answer] = (target[torch.arange(len(target)), first_answer] + 1) % 3
         return target, prompt_ids.new_zeros(target.shape)
 
-    real_of = evaluate.Tensors.of
+    real_from_batch = evaluate.Tensors.from_batch
 
     def keep(batch, ids, device):
-        x = real_of(batch, ids, device)
+        x = real_from_batch(batch, ids, device)
         truth["tokens"], truth["answer"] = x.tokens, x.answer_mask
         return x
 
     monkeypatch.setattr(evaluate, "generate", one_token_wrong)
-    monkeypatch.setattr(evaluate.Tensors, "of", staticmethod(keep))
+    monkeypatch.setattr(evaluate.Tensors, "from_batch", staticmethod(keep))
     [rec] = evaluate.evaluate_point(torch.nn.Module(), task, scheme, 6, None, 8, 8, np.random.default_rng(0), "cpu")
     answer_tokens = truth["answer"].sum(1)
     assert (answer_tokens == answer_tokens[0]).all() and answer_tokens[0] > 1

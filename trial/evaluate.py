@@ -35,7 +35,7 @@ class Tensors:
     places: torch.Tensor | None = None  # Abacus: each token's digit place
 
     @classmethod
-    def of(cls, batch: Batch, ids: np.ndarray, device: torch.device) -> Tensors:
+    def from_batch(cls, batch: Batch, ids: np.ndarray, device: torch.device) -> Tensors:
         def t(a):
             return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
@@ -93,7 +93,7 @@ def validate(
     module.eval()
     loss_sum = tok_right = tok_n = seq_right = ans_right = n = 0.0
     for batch in batches:
-        x = Tensors.of(batch, scheme.inference_ids(batch.position_ids), device)
+        x = Tensors.from_batch(batch, scheme.inference_ids(batch.position_ids), device)
         loss, _, (logits, pos_logits) = next_token_loss(model, module, x, position_loss_weight)
         mask, ans = x.loss_mask[:, 1:], x.answer_mask[:, 1:]
         right = logits.argmax(-1) == x.tokens[:, 1:]
@@ -138,7 +138,7 @@ def evaluate_point(
         P = int(batch.prompt_len[0])
         assert (batch.prompt_len == P).all() and (batch.seq_len == batch.seq_len[0]).all()
         G = int(batch.seq_len[0]) - P
-        x = Tensors.of(batch, scheme.inference_ids(batch.position_ids, rng), device)
+        x = Tensors.from_batch(batch, scheme.inference_ids(batch.position_ids, rng), device)
         tokens, ids = x.tokens, x.ids
         oracle = ids[:, P:]  # the task's ids (coupled, predicted) or the drawn ones (randomized)
         target, ans = tokens[:, P:], x.answer_mask[:, P:]
@@ -182,7 +182,7 @@ def evaluate_loss_point(
     while done < samples:
         batch = task.sample(min(batch_size, samples - done), rng, length=length)
         done += len(batch)
-        x = Tensors.of(batch, scheme.inference_ids(batch.position_ids), device)
+        x = Tensors.from_batch(batch, scheme.inference_ids(batch.position_ids), device)
         logits, _, _ = module(**x.inputs())
         mask = x.loss_mask[:, 1:]
         loss = F.cross_entropy(logits.float().transpose(1, 2), x.tokens[:, 1:], reduction="none")
@@ -257,7 +257,7 @@ def attention_margin(module: DecoderLM, batches: list[Batch], scheme: Positional
     total, count = 0.0, 0
     try:
         for batch in batches:
-            x = Tensors.of(batch, scheme.inference_ids(batch.position_ids), device)
+            x = Tensors.from_batch(batch, scheme.inference_ids(batch.position_ids), device)
             captured.clear()
             module(**x.inputs())
             ids = x.ids[:, :-1]
