@@ -29,6 +29,7 @@ from benchmarks.coupling import (
     saved_runs,
 )
 from benchmarks.runs_table import EXTRAPOLATES, FITS, per_run
+from study.results.tables import mean_and_range_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["schemes_by_task", "schemes_by_task_abacus"]
@@ -83,10 +84,6 @@ FIELD_CLAIMS = [
     FieldClaim("randomized_duplication_tokens", "Ruoss et al. 2023", "duplicate", "learned, randomized",
                above="learned, sequential", metric="answer_token_acc"),
 ]
-
-
-def mean_and_range_text(values) -> str:
-    return f"{values.mean():.2f} [{values.min():.2f}-{values.max():.2f}]"
 
 
 def sampling_margin(mine, other, samples: int):

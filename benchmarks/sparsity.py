@@ -69,13 +69,7 @@ def study_table(spec, results) -> str:
     K_train) and beyond K_train, as mean [min-max], and the sparsity meter's figures, means over the seeds."""
     import pandas as pd
 
-    from study.results.tables import seed_runs, select
-
-    def mean_and_range_text(values) -> str:
-        v = values.dropna()
-        if v.empty:
-            return "-"
-        return f"{v.mean():.2f}" if v.min() == v.max() else f"{v.mean():.2f} [{v.min():.2f}-{v.max():.2f}]"
+    from study.results.tables import mean_and_range_text, seed_runs, select
 
     def mean(values, digits: int = 2) -> str:
         v = values.dropna()

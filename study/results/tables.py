@@ -133,6 +133,14 @@ def mean_and_range(values: pd.Series) -> tuple[float, float, float, int]:
     return float(v.mean()), float(v.min()), float(v.max()), len(v)
 
 
+def mean_and_range_text(values: pd.Series) -> str:
+    """`mean [min-max]` over seeds as the tables print it (the mean alone where every run agrees, - for none)."""
+    mean, low, high, n = mean_and_range(values)
+    if n == 0:
+        return "-"
+    return f"{mean:.2f}" if low == high else f"{mean:.2f} [{low:.2f}-{high:.2f}]"
+
+
 EXTRAPOLATES = 0.95  # the exact match from which a run counts as solving a length (Zhou et al. 2024 count them)
 
 
