@@ -45,6 +45,8 @@ def plan_lines(spec: StudySpec, max_concurrent: int | None, concurrency_from: st
         "  search: " + (f"none (replicas: {spec.replicas} seeds)" if spec.search is None else
                         f"{spec.search.sampler} over {', '.join(spec.search.params)}, "
                         f"{spec.search.trials_per_cell} trial(s) per cell"
+                        + (" (tpe's first 10 are random draws; qmc spreads a few over the ranges)"
+                           if spec.search.sampler == "tpe" and spec.search.trials_per_cell <= 10 else "")
                         + (f", then {spec.replicas - 1} replica(s) of the selected config (new seeds)"
                            if spec.replicas > 1 else "")),
         f"  objective: {spec.objective.mode} {spec.objective.metric}; scheduler: {spec.scheduler.type}",

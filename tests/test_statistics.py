@@ -114,3 +114,18 @@ def test_the_searcher_and_the_report_choose_the_same_trial_and_say_how():
     assert "2 trials tied within sampling error (n=64) on val_exact: chose the first suggested" in lines
     assert "val_loss" not in lines.split("selected per cell")[1].split("\n")[0]  # the rule names no val_loss
     assert "mean [min-max] over the selected config's seeds" in lines and "acc_beyond   0.990" in lines
+
+
+def test_qmc_spreads_a_cells_few_learning_rates_over_the_range():
+    """TPE draws its first 10 trials at random, and seed 0's four learning rates in [3e-4, 3e-3] all
+    land in 1.05e-3-1.56e-3; `sampler: qmc` puts one in each quarter of the log range, in every cell."""
+    import math
+
+    spec = smoke(search={**SMOKE["search"], "sampler": "qmc", "trials_per_cell": 4,
+                         "params": {"optim.lr": {"loguniform": [3e-4, 3e-3]}}})
+    searcher = CellSearcher(spec, {"workers_per_trial": 1})
+    configs = [searcher.suggest(f"t{i}") for i in range(8)]  # cells take turns: 4 each
+    for cell in (0, 1):
+        lrs = [c["params"]["optim.lr"] for c in configs if c["cell"] == cell]
+        quarters = {int(4 * math.log(lr / 3e-4) / math.log(10)) for lr in lrs}
+        assert quarters == {0, 1, 2, 3}, (cell, lrs)

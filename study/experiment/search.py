@@ -26,6 +26,20 @@ from study.spec.schema import StudySpec
 from trial.config import TrialConfig
 
 
+def make_sampler(name: str, seed: int):
+    """The spec's `search.sampler` as Optuna's sampler. TPE draws its first 10 trials at random, so
+    a cell of 4 trials is 4 random draws, which may cluster; qmc (scrambled Sobol) spreads them."""
+    import warnings
+
+    import optuna
+
+    if name == "qmc":
+        with warnings.catch_warnings():  # QMCSampler is marked experimental since Optuna 3.0
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.QMCSampler(seed=seed, scramble=True)
+    return {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[name](seed=seed)
+
+
 class CellSearcher(Searcher):
     def __init__(self, spec: StudySpec, resources: dict):
         super().__init__(metric=spec.objective.metric, mode=spec.objective.mode)
@@ -50,12 +64,7 @@ class CellSearcher(Searcher):
                 {path: dist.to_tune() for path, dist in spec.search.params.items()}
             )
             for c in self.cells:
-                seed = spec.search.seed * 1000 + c.index
-                sampler = (
-                    optuna.samplers.TPESampler(seed=seed)
-                    if spec.search.sampler == "tpe"
-                    else optuna.samplers.RandomSampler(seed=seed)
-                )
+                sampler = make_sampler(spec.search.sampler, spec.search.seed * 1000 + c.index)
                 self.optuna[c.index] = OptunaSearch(
                     space=space, metric=self.metric, mode=self.mode, sampler=sampler
                 )

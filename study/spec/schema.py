@@ -90,7 +90,7 @@ class Distribution(Strict):
 
 class SearchSpec(Strict):
     trials_per_cell: int = Field(4, ge=1)
-    sampler: Literal["tpe", "random"] = "tpe"
+    sampler: Literal["tpe", "random", "qmc"] = Field("tpe", description="tpe's first 10 trials are random; qmc spreads a few")
     seed: int = Field(0, ge=0, le=MAX_SEED // 1000 - 1, description="cell c's sampler: seed * 1000 + c")
     params: dict[str, Distribution] = Field(min_length=1)
 
