@@ -1,15 +1,16 @@
-"""Which positional scheme extrapolates where: the schemes_by_task specs' cells, a row per scheme and a
-column per task, beside each scheme the literature's published figure and its setup.
+"""Which positional scheme extrapolates where, and whether the field's known results hold here: a row
+per scheme and a column per task, beside each scheme the literature's published figure and its setup.
 
-    python -m benchmarks.schemes --docs docs/schemes.md         # every cell of both specs, 3 seeds
-    python -m benchmarks.schemes --cells name=reverse name=duplicate --seeds 5 6 7 --steps 2000
+    python -m benchmarks.schemes --seeds 12 13 14 --docs docs/schemes.md   # the claims' cells, judged
+    python -m benchmarks.schemes --claims abacus_addition --seeds 12         # one claim's cells
+    python -m benchmarks.schemes search_spaces/schemes_by_task.yaml --cells name=reverse --steps 2000
 
-Each cell is trained at a fixed learning rate (`--lr`; the study, `python study/run.py --space
-search_spaces/schemes_by_task.yaml`, searches it per cell with Optuna) and scored as
-`python -m benchmarks.coupling` scores it: exact match at the spec's test lengths (or `--lengths`),
-mean over seeds, and the runs that reach 0.95 at 2x. The claims of benchmarks/coupling.py's CLAIMS
-for these specs (the field's known results, in direction) are checked; the command exits 1 if one
-fails.
+Without specs or `--cells` it trains the cells each claim of benchmarks/field_claims.py needs, in
+its recipe, and prints one line per claim, `claim <name>: holds (...)` or `fails (...)`, exiting 1
+when one fails. With specs or `--cells` (of schemes_by_task and its Abacus sibling when no spec is
+named) it trains those cells and judges the claims whose cells ran. Every cell trains at a fixed
+learning rate (`--lr`; the study searches it per cell with Optuna) and is scored as
+`python -m benchmarks.coupling` scores it (docs/schemes.md).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.coupling import (
@@ -28,8 +28,8 @@ from benchmarks.coupling import (
     run_jobs,
     saved_runs,
 )
+from benchmarks.field_claims import FIELD_CLAIMS, check_field_claims, claim_jobs
 from benchmarks.runs_table import EXTRAPOLATES, FITS, per_run
-from study.results.tables import mean_and_range_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["schemes_by_task", "schemes_by_task_abacus"]
@@ -53,83 +53,6 @@ LITERATURE = {
     "nope, sequential, abacus": "McLeish et al. 2024: addition trained on 20 digits, up to 99% exact at 100 digits",
     "fire, sequential, abacus": "McLeish et al. 2024: Abacus + FIRE, addition trained on 20 digits, ~99% at 100 digits",
 }
-
-
-@dataclass(frozen=True)
-class FieldClaim:
-    """A known result of the field, checked at the first test length >= 2x train: `scheme` on `task`
-    scores `metric` >= `at_least` (mean over seeds), or above `above` by more than two standard errors
-    of the paired difference (so not 0.02 over 0.00, nor one sample of 256) on every seed where both
-    fit, at least two. Only cells that fit the task in
-    distribution (exact >= FITS at the train length) are compared: a cell that did not says nothing
-    about its scheme, and the claim fails with that figure."""
-
-    name: str
-    source: str
-    task: str
-    scheme: str
-    above: str | None = None
-    at_least: float | None = None
-    metric: str = "exact_match"
-
-
-FIELD_CLAIMS = [
-    FieldClaim("abacus_addition", "McLeish et al. 2024", "addition (lsb_first, unpadded)", "nope, sequential, abacus",
-               above="learned, random_shift"),
-    FieldClaim("coupled_multiplication", "Cho et al. 2024", "multiplication", "learned, coupled", at_least=0.9),
-    FieldClaim("randomized_reversal_tokens", "Ruoss et al. 2023", "reverse", "learned, randomized",
-               above="learned, sequential", metric="answer_token_acc"),
-    FieldClaim("randomized_reversal_exact", "Ruoss et al. 2023", "reverse", "learned, randomized",
-               above="learned, sequential"),
-    FieldClaim("randomized_duplication_tokens", "Ruoss et al. 2023", "duplicate", "learned, randomized",
-               above="learned, sequential", metric="answer_token_acc"),
-]
-
-
-def sampling_margin(mine, other, samples: int):
-    """Two standard errors of the difference of two rates each measured on `samples` test samples
-    (per sample: for a per-token rate, which has more trials, it is the cautious side)."""
-    return 2 * ((mine * (1 - mine) + other * (1 - other)) / samples) ** 0.5
-
-
-def judge(claim: FieldClaim, table, train_length: int, samples: int) -> tuple[bool | None, str]:
-    """(holds, the figures): None when a cell it needs was not run. `samples`: test samples per cell."""
-    schemes = [claim.scheme] + ([claim.above] if claim.above else [])
-    cells = {s: table[(table.task == claim.task) & (table.scheme == s)] for s in schemes}
-    if any(c.empty for c in cells.values()) or claim.metric not in table:
-        return None, "not run"
-    unfit = [f"{s} did not fit ({c[c.length == train_length].exact_match.mean():.2f} exact at {train_length})"
-             for s, c in cells.items() if not c[c.length == train_length].exact_match.mean() >= FITS]
-    if unfit:
-        return False, "; ".join(unfit)
-    at = min(n for n in cells[claim.scheme].length.unique() if n >= 2 * train_length)
-    runs = {s: per_run(c, at, claim.metric) for s, c in cells.items()}
-    mine = runs[claim.scheme]
-    if claim.above is None:
-        return bool(mine.mean() >= claim.at_least), f"{claim.scheme} {mean_and_range_text(mine)} >= {claim.at_least}? at {at}"
-    # a run that did not fit says nothing beyond the train length: pair only the runs where both fit
-    fit = [per_run(c, train_length) >= FITS for c in cells.values()]
-    difference = (mine - runs[claim.above]).dropna()
-    paired = difference[fit[0].reindex(difference.index, fill_value=False)
-                        & fit[1].reindex(difference.index, fill_value=False)]
-    above = paired > sampling_margin(mine, runs[claim.above], samples).reindex(paired.index)
-    holds = len(paired) >= min(2, len(difference)) > 0 and bool(above.all())
-    return holds, (f"{claim.scheme} {mean_and_range_text(mine)} vs {claim.above} {mean_and_range_text(runs[claim.above])} at {at}, "
-                   f"paired difference {mean_and_range_text(difference)}, above 2 standard errors (n={samples}) on "
-                   f"{int(above.sum())}/{len(paired)} runs where both fit (of {len(difference)})")
-
-
-def check_field_claims(table, train_length: int, samples: int) -> list[str]:
-    """Print `claim <name>: holds (...)` / `fails (...)` / `not run` for each; returns the failures."""
-    failures = []
-    for claim in FIELD_CLAIMS:
-        holds, figures = judge(claim, table, train_length, samples)
-        verdict = "not run" if holds is None else ("holds" if holds else "fails")
-        line = f"claim {claim.name}: {verdict}" + ("" if holds is None else f" ({claim.metric}: {figures})")
-        print(f"{line}  [{claim.source}]")
-        if holds is False:
-            failures.append(line)
-    return failures
 
 
 def scheme_of(factors: dict) -> str:
@@ -201,12 +124,20 @@ def tables(table, train_length: int, header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.schemes", description=__doc__.split("\n\n")[0])
-    parser.add_argument("specs", nargs="*", help="study specs (default: schemes_by_task and its Abacus sibling)")
+    parser.add_argument("specs", nargs="*", help="study specs whose cells to train (default: the claims' recipes; "
+                        "with --cells, schemes_by_task and its Abacus sibling)")
     add_run_arguments(parser)
+    parser.add_argument("--claims", nargs="+", choices=[c.name for c in FIELD_CLAIMS], metavar="CLAIM",
+                        help=f"only these claims' cells and verdicts ({', '.join(c.name for c in FIELD_CLAIMS)})")
     parser.add_argument("--lr", type=float, help="the learning rate of every cell (default: the spec's "
                         "base.optim.lr, else 1e-3)")
-    parser.add_argument("--steps", type=int, help="training steps of every cell (default: the spec's)")
+    parser.add_argument("--steps", type=int, help="training steps of every cell (default: the spec's, or the "
+                        "claim's recipe's)")
     args = parser.parse_args(argv)
+    if args.claims and (args.specs or args.cells):
+        parser.error("--claims trains the claims' own cells: give it without specs or --cells")
+    by_claims = not (args.specs or args.cells)
+    claims = [c for c in FIELD_CLAIMS if not args.claims or c.name in args.claims]
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
 
     import pandas as pd
@@ -217,7 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     from trial.yaml_io import describe_errors
 
     jobs, train_lengths = [], {}
-    for path in paths:
+    if by_claims:
+        try:
+            jobs, train_lengths = claim_jobs(claims, args.seeds, args.lengths)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    for path in [] if by_claims else paths:
         try:
             found, train_lengths[path.stem] = jobs_for(path, args.seeds, args.lengths, args.cells)
         except NoCellMatches:  # --cells picks from several specs: one may hold none of them
@@ -225,18 +162,18 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"error: {path}: {e}", file=sys.stderr)
             return 2
-        for job in found:
-            optim = job["trial"].setdefault("optim", {})
-            optim["lr"] = args.lr or optim.get("lr", 1e-3)
-            if args.steps:
-                job["trial"]["optim"]["steps"] = args.steps
-            try:
-                TrialConfig.model_validate(job["trial"])
-            except ValueError as e:
-                detail = describe_errors(e) if isinstance(e, ValidationError) else str(e)
-                print(f"error: {path} with --lr / --steps: {detail}", file=sys.stderr)
-                return 2
         jobs += found
+    for job in jobs:
+        optim = job["trial"].setdefault("optim", {})
+        optim["lr"] = args.lr or optim.get("lr", 1e-3)
+        if args.steps:
+            optim["steps"] = args.steps
+        try:
+            TrialConfig.model_validate(job["trial"])
+        except ValueError as e:
+            detail = describe_errors(e) if isinstance(e, ValidationError) else str(e)
+            print(f"error: {job['spec']} with --lr / --steps: {detail}", file=sys.stderr)
+            return 2
     if not jobs:
         print(f"error: --cells {args.cells}: no cell of {[p.stem for p in paths]} matches", file=sys.stderr)
         return 2
@@ -265,25 +202,33 @@ def main(argv: list[str] | None = None) -> int:
     names = {(j["spec"], j["cell"]): j for j in unique}
     table["scheme"] = [scheme_of(names[(s, c)]["factors"]) for s, c in zip(table.spec, table.cell)]
     table["task"] = [task_of(names[(s, c)]["trial"]["task"]) for s, c in zip(table.spec, table.cell)]
+    table["steps"] = [names[(s, c)]["trial"]["optim"].get("steps") for s, c in zip(table.spec, table.cell)]
+    table["train_length"] = table.spec.map(train_lengths)
     table = table[table.own_ids & (table.checkpoint == "last")]
-    train_length = max(train_lengths.values())
-    steps = {j["trial"]["optim"].get("steps") for j in unique}
-    header = (f"Exact match at {' / '.join(f'{n / train_length:g}x' for n in sorted(table.length.unique()) if n >= 2 * train_length)}"
-              f" (mean over seeds {args.seeds}), in parentheses the runs >= {EXTRAPOLATES} at 2x; train <= "
-              f"{train_length}, lr {lrs}, {', '.join(map(str, sorted(steps)))} steps:\n\n")
-    print()
-    print(tables(table, train_length, header))
-    if args.docs:
-        # a table per tasks x steps x seeds: a run of other cells adds a table, it does not replace one
-        specs = "schemes_by_task" if not args.specs else " + ".join(p.stem for p in paths)  # the default: both
-        key = f"{specs} {' '.join(sorted(set(table.task)))} steps {'/'.join(map(str, sorted(steps)))}" + (
-            f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else "")
-        write_generated(args.docs, key, ("From the runs saved by `--json` (rebuilt with `--from-json`). "
-                                         if args.from_json else "") + tables(table, train_length, header),
-                        argv=command_line(argv))
-    print()
     samples = min(TrialConfig.model_validate(j["trial"]).eval.samples_per_point for j in unique)
-    failures = check_field_claims(table, train_length, samples)
+    lines, failures = check_field_claims(table, samples, claims)
+    seeds = f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else ""
+    for train_length, group in table.groupby("train_length"):  # a table per train length: 2x means one thing
+        steps = sorted(set(group.steps))
+        header = (f"Exact match at {' / '.join(f'{n / train_length:g}x' for n in sorted(group.length.unique()) if n >= 2 * train_length)}"
+                  f" (mean over seeds {args.seeds}), in parentheses the runs >= {EXTRAPOLATES} at 2x; train <= "
+                  f"{train_length}, lr {lrs}, {', '.join(map(str, steps))} steps:\n\n")
+        print()
+        print(tables(group, train_length, header))
+        if args.docs:
+            # a table per tasks x steps x seeds: a run of other cells adds a table, it does not replace one
+            specs = "claims" if by_claims else (
+                "schemes_by_task" if not args.specs else " + ".join(p.stem for p in paths))  # the default: both
+            key = f"{specs} {' '.join(sorted(set(group.task)))} steps {'/'.join(map(str, steps))}" + seeds
+            write_generated(args.docs, key, ("From the runs saved by `--json` (rebuilt with `--from-json`). "
+                                             if args.from_json else "") + tables(group, train_length, header),
+                            argv=command_line(argv))
+    print()
+    print("\n".join(lines))
+    if args.docs and by_claims:
+        chosen = "" if args.claims is None else " " + " ".join(c.name for c in claims)
+        write_generated(args.docs, f"claims{chosen}{seeds}",
+                        "\n".join(f"- {line}" for line in lines), argv=command_line(argv))
     print(f"\n{len(unique)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
         Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "failures": failures}, indent=1))

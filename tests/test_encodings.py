@@ -307,68 +307,6 @@ def test_abacus_needs_a_task_with_digit_places():
         TrialConfig.model_validate({"task": {"name": "parity", "params": {"train_length": 3}}, **base})
 
 
-def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_seed():
-    """benchmarks/schemes.py, "which scheme extrapolates where": a row per scheme, a column per task,
-    2x / 3x and the runs that reach 0.95 at 2x; a cell below 0.95 exact at the train length reads
-    "did not fit" and fails every claim that needs it; a claim that one scheme beats another holds
-    only when every seed's paired difference is above two standard errors of it (one sample in 256 is
-    not a result); a claim whose cells were not run is not judged."""
-    import pandas as pd
-
-    from benchmarks.schemes import (
-        FIELD_CLAIMS,
-        LITERATURE,
-        check_field_claims,
-        judge,
-        scheme_of,
-        scheme_table,
-    )
-
-    random_ = {"positional.encoding": "learned", "positional.ids": "randomized", "positional.max_position": 96,
-               "task.name": "reverse"}
-    assert scheme_of(random_) == "learned, randomized" and scheme_of({"positional.abacus": True}).endswith("abacus")
-
-    def table(randomized, sequential, fit=(1.0, 1.0)):
-        return pd.DataFrame([
-            {"scheme": scheme, "task": "reverse", "seed": seed, "data_seed": None, "length": n,
-             "exact_match": exact if n > 8 else fitted, "answer_token_acc": 0.5 + exact / 2 if n > 8 else fitted}
-            for scheme, by_seed, fitted in (("learned, randomized", randomized, fit[0]),
-                                            ("learned, sequential", sequential, fit[1]))
-            for seed, exact in enumerate(by_seed) for n in (8, 16, 24)])
-
-    good = table((1.0, 0.5, 0.97), (0.0, 0.0, 0.0))
-    text = scheme_table(good, train_length=8)
-    randomized = next(line for line in text.splitlines() if line.startswith("| learned, randomized"))
-    assert "0.82 / 0.82 (2/3)" in randomized and LITERATURE["learned, randomized"] in randomized
-    tokens = scheme_table(good, train_length=8, metric="answer_token_acc")
-    assert "| learned, randomized | 0.91 / 0.91 |" in tokens and "| learned, sequential | 0.50 / 0.50 |" in tokens
-    claim = {c.name: c for c in FIELD_CLAIMS}
-    assert judge(claim["randomized_reversal_exact"], good, 8, 256)[0] is True
-    assert judge(claim["randomized_reversal_tokens"], good, 8, 256)[0] is True
-    assert judge(claim["coupled_multiplication"], good, 8, 256) == (None, "not run")
-    assert check_field_claims(good, 8, 256) == []  # the rest not run: not failures
-    one_seed_below = table((1.0, 0.5, 0.0), (0.0, 0.0, 0.1))  # the mean is above, one seed is not
-    holds, figures = judge(claim["randomized_reversal_exact"], one_seed_below, 8, 256)
-    assert holds is False and "paired difference 0.47 [-0.10-1.00]" in figures and "on 2/3 runs" in figures
-    by_a_sample = table((0.04, 0.03, 1 / 256), (0.0, 0.0, 0.0))  # above on every seed, by one sample on one
-    holds, figures = judge(claim["randomized_reversal_exact"], by_a_sample, 8, 256)
-    assert holds is False and "above 2 standard errors (n=256) on 2/3 runs where both fit (of 3)" in figures
-    assert judge(claim["randomized_reversal_exact"], by_a_sample, 8, 25_600)[0] is True  # 100 samples of 25,600
-    one_unfit = by_a_sample.copy()  # the run won by one sample did not fit: it is left out of the pairs
-    one_unfit.loc[(one_unfit.scheme == "learned, randomized") & (one_unfit.seed == 2) & (one_unfit.length == 8),
-                  "exact_match"] = 0.9
-    holds, figures = judge(claim["randomized_reversal_exact"], one_unfit, 8, 256)
-    assert holds is True and "on 2/2 runs where both fit (of 3)" in figures
-    one_unfit.loc[(one_unfit.scheme == "learned, sequential") & (one_unfit.seed == 1) & (one_unfit.length == 8),
-                  "exact_match"] = 0.9
-    assert judge(claim["randomized_reversal_exact"], one_unfit, 8, 256)[0] is False  # one pair left: too few
-    unfit = table((1.0, 0.5, 0.97), (0.0, 0.0, 0.0), fit=(1.0, 0.40))
-    assert "| learned, sequential | did not fit (0.40) |" in scheme_table(unfit, 8)
-    holds, figures = judge(claim["randomized_reversal_exact"], unfit, 8, 256)
-    assert holds is False and figures == "learned, sequential did not fit (0.40 exact at 8)"
-    assert any("did not fit" in f for f in check_field_claims(unfit, 8, 256))
-
-
 def test_benchmark_cells_pick_by_whole_label_or_part():
     from pathlib import Path
 
@@ -409,47 +347,6 @@ def test_benchmark_tables_name_what_differs_and_the_command_that_trains_them():
     assert differing(["only"]) == {"only": "only"}
     betas = ["lr=1,betas=[0.9, 0.98],n=2", "lr=2,betas=[0.9, 0.95],n=2"]  # a list value is one factor
     assert differing(betas) == {betas[0]: "lr=1,betas=[0.9, 0.98]", betas[1]: "lr=2,betas=[0.9, 0.95]"}
-
-
-def test_the_schemes_docs_keep_a_table_per_set_of_tasks(tmp_path):
-    """`--docs` of a run over other tasks adds its table beside the earlier one (same steps and seeds)
-    instead of replacing it; from saved runs, so nothing trains."""
-    import json
-
-    from benchmarks.schemes import main
-
-    docs = tmp_path / "schemes.md"
-    docs.write_text("# schemes\n")
-    for task in ("reverse", "duplicate"):
-        cells = [f"encoding=learned,ids={ids},max_position=96,name={task}" for ids in ("sequential", "randomized")]
-        rows = [{"spec": "schemes_by_task", "cell": cell, "seed": 0, "data_seed": None, "checkpoint": "last",
-                 "length": n, "k": None, "ids": "sequential", "own_ids": True, "exact_match": 1.0 if n == 8 else 0.0,
-                 "answer_token_acc": 0.5} for cell in cells for n in (8, 16, 24)]
-        saved = tmp_path / f"{task}.json"
-        saved.write_text(json.dumps({"seeds": [0], "rows": rows}))
-        assert main(["--cells", *cells, "--seeds", "0", "--steps", "6000", "--from-json", str(saved),
-                     "--docs", str(docs)]) in (0, 1)  # 1: the claim fails on these made-up rows
-    text = docs.read_text()
-    assert "<!-- generated: schemes_by_task reverse steps 6000 seeds 0 -->" in text
-    assert "<!-- generated: schemes_by_task duplicate steps 6000 seeds 0 -->" in text
-
-
-def test_saved_runs_of_other_seeds_are_an_error_that_names_the_seeds_they_hold(tmp_path, capsys):
-    """`--from-json` of runs at seeds 9-11 without `--seeds 9 10 11` matches nothing: exit 2 with the
-    seeds the files hold, not a traceback; a file that is not there is exit 2 too."""
-    import json
-
-    from benchmarks.schemes import main
-
-    cell = "encoding=learned,ids=sequential,max_position=96,name=reverse"
-    rows = [{"spec": "schemes_by_task", "cell": cell, "seed": 9, "length": n, "k": None, "ids": "sequential",
-             "own_ids": True, "exact_match": 1.0, "answer_token_acc": 1.0} for n in (8, 16)]
-    saved = tmp_path / "runs.json"
-    saved.write_text(json.dumps({"seeds": [9], "rows": rows}))
-    assert main(["--cells", cell, "--from-json", str(saved)]) == 2
-    assert capsys.readouterr().err.strip().endswith("the files hold seeds [9] (give them with --seeds)")
-    assert main(["--cells", cell, "--from-json", str(tmp_path / "none.json")]) == 2
-    assert capsys.readouterr().err.startswith("error: --from-json: ")
 
 
 def test_per_position_accuracy_runs_on_an_abacus_model(tmp_path, capsys):

@@ -1,0 +1,166 @@
+"""benchmarks/schemes.py and benchmarks/field_claims.py: the schemes table compares only cells that
+fit; each claim of the field trains the cells of its own recipe and is judged at its own train
+length; the claims' verdicts and tables are written into the docs. From made-up rows: nothing trains."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from benchmarks.field_claims import FIELD_CLAIMS, check_field_claims, claim_jobs, judge
+from benchmarks.schemes import LITERATURE, main, scheme_of, scheme_table
+
+CLAIM = {c.name: c for c in FIELD_CLAIMS}
+
+
+def rows_of(task, train_length, by_scheme, fit=None):
+    """A row per scheme, seed and length (1x, 2x, 3x): `by_scheme` maps a scheme to its exact match
+    at 2x and 3x per seed, `fit` to its exact match at the train length (1.0 when not given)."""
+    return [{"scheme": scheme, "task": task, "seed": seed, "data_seed": None, "length": n,
+             "train_length": train_length, "exact_match": exact if n > train_length else (fit or {}).get(scheme, 1.0),
+             "answer_token_acc": 0.5 + exact / 2 if n > train_length else (fit or {}).get(scheme, 1.0)}
+            for scheme, by_seed in by_scheme.items()
+            for seed, exact in enumerate(by_seed) for n in (train_length, 2 * train_length, 3 * train_length)]
+
+
+def reversal(randomized, sequential, fit=(1.0, 1.0)):
+    return pd.DataFrame(rows_of("reverse", 8, {"learned, randomized": randomized, "learned, sequential": sequential},
+                                {"learned, randomized": fit[0], "learned, sequential": fit[1]}))
+
+
+def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_seed():
+    """"Which scheme extrapolates where": a row per scheme, a column per task,
+    2x / 3x and the runs that reach 0.95 at 2x; a cell below 0.95 exact at the train length reads
+    "did not fit" and fails every claim that needs it; a claim that one scheme beats another holds
+    only when every seed's paired difference is above two standard errors of it (one sample in 256 is
+    not a result); a claim whose cells were not run is not judged."""
+    random_ = {"positional.encoding": "learned", "positional.ids": "randomized", "positional.max_position": 96,
+               "task.name": "reverse"}
+    assert scheme_of(random_) == "learned, randomized" and scheme_of({"positional.abacus": True}).endswith("abacus")
+
+    good = reversal((1.0, 0.5, 0.97), (0.0, 0.0, 0.0))
+    text = scheme_table(good, train_length=8)
+    randomized = next(line for line in text.splitlines() if line.startswith("| learned, randomized"))
+    assert "0.82 / 0.82 (2/3)" in randomized and LITERATURE["learned, randomized"] in randomized
+    tokens = scheme_table(good, train_length=8, metric="answer_token_acc")
+    assert "| learned, randomized | 0.91 / 0.91 |" in tokens and "| learned, sequential | 0.50 / 0.50 |" in tokens
+    assert judge(CLAIM["randomized_reversal_exact"], good, 256)[0] is True
+    assert judge(CLAIM["randomized_reversal_tokens"], good, 256)[0] is True
+    assert judge(CLAIM["coupled_multiplication"], good, 256) == (None, "not run")
+    lines, failures = check_field_claims(good, 256)
+    assert failures == [] and "claim coupled_multiplication: not run  [Cho et al. 2024]" in lines  # not a failure
+    one_seed_below = reversal((1.0, 0.5, 0.0), (0.0, 0.0, 0.1))  # the mean is above, one seed is not
+    holds, figures = judge(CLAIM["randomized_reversal_exact"], one_seed_below, 256)
+    assert holds is False and "paired difference 0.47 [-0.10-1.00]" in figures and "on 2/3 runs" in figures
+    by_a_sample = reversal((0.04, 0.03, 1 / 256), (0.0, 0.0, 0.0))  # above on every seed, by one sample on one
+    holds, figures = judge(CLAIM["randomized_reversal_exact"], by_a_sample, 256)
+    assert holds is False and "above 2 standard errors (n=256) on 2/3 runs where both fit (of 3)" in figures
+    assert judge(CLAIM["randomized_reversal_exact"], by_a_sample, 25_600)[0] is True  # 100 samples of 25,600
+    one_unfit = by_a_sample.copy()  # the run won by one sample did not fit: it is left out of the pairs
+    one_unfit.loc[(one_unfit.scheme == "learned, randomized") & (one_unfit.seed == 2) & (one_unfit.length == 8),
+                  "exact_match"] = 0.9
+    holds, figures = judge(CLAIM["randomized_reversal_exact"], one_unfit, 256)
+    assert holds is True and "on 2/2 runs where both fit (of 3)" in figures
+    one_unfit.loc[(one_unfit.scheme == "learned, sequential") & (one_unfit.seed == 1) & (one_unfit.length == 8),
+                  "exact_match"] = 0.9
+    assert judge(CLAIM["randomized_reversal_exact"], one_unfit, 256)[0] is False  # one pair left: too few
+    unfit = reversal((1.0, 0.5, 0.97), (0.0, 0.0, 0.0), fit=(1.0, 0.40))
+    assert "| learned, sequential | did not fit (0.40) |" in scheme_table(unfit, 8)
+    holds, figures = judge(CLAIM["randomized_reversal_exact"], unfit, 256)
+    assert holds is False and figures == "learned, sequential did not fit (0.40 exact at 8)"
+    assert any("did not fit" in f for f in check_field_claims(unfit, 256)[1])
+
+
+def test_the_schemes_docs_keep_a_table_per_set_of_tasks(tmp_path):
+    """`--docs` of a run over other tasks adds its table beside the earlier one (same steps and seeds)
+    instead of replacing it; from saved runs, so nothing trains."""
+    docs = tmp_path / "schemes.md"
+    docs.write_text("# schemes\n")
+    for task in ("reverse", "duplicate"):
+        cells = [f"encoding=learned,ids={ids},max_position=96,name={task}" for ids in ("sequential", "randomized")]
+        rows = [{"spec": "schemes_by_task", "cell": cell, "seed": 0, "data_seed": None, "checkpoint": "last",
+                 "length": n, "k": None, "ids": "sequential", "own_ids": True, "exact_match": 1.0 if n == 8 else 0.0,
+                 "answer_token_acc": 0.5} for cell in cells for n in (8, 16, 24)]
+        saved = tmp_path / f"{task}.json"
+        saved.write_text(json.dumps({"seeds": [0], "rows": rows}))
+        assert main(["--cells", *cells, "--seeds", "0", "--steps", "6000", "--from-json", str(saved),
+                     "--docs", str(docs)]) in (0, 1)  # 1: the claim fails on these made-up rows
+    text = docs.read_text()
+    assert "<!-- generated: schemes_by_task reverse steps 6000 seeds 0 -->" in text
+    assert "<!-- generated: schemes_by_task duplicate steps 6000 seeds 0 -->" in text
+
+
+def test_saved_runs_of_other_seeds_are_an_error_that_names_the_seeds_they_hold(tmp_path, capsys):
+    """`--from-json` of runs at seeds 9-11 without `--seeds 9 10 11` matches nothing: exit 2 with the
+    seeds the files hold, not a traceback; a file that is not there is exit 2 too."""
+    cell = "encoding=learned,ids=sequential,max_position=96,name=reverse"
+    rows = [{"spec": "schemes_by_task", "cell": cell, "seed": 9, "length": n, "k": None, "ids": "sequential",
+             "own_ids": True, "exact_match": 1.0, "answer_token_acc": 1.0} for n in (8, 16)]
+    saved = tmp_path / "runs.json"
+    saved.write_text(json.dumps({"seeds": [9], "rows": rows}))
+    assert main(["--cells", cell, "--from-json", str(saved)]) == 2
+    assert capsys.readouterr().err.strip().endswith("the files hold seeds [9] (give them with --seeds)")
+    assert main(["--cells", cell, "--from-json", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.startswith("error: --from-json: ")
+
+
+def test_each_claim_trains_the_cells_of_its_own_recipe_once():
+    """The claims' cells: Abacus and its baseline from the published Abacus spec (the baseline at the
+    10,000 steps it needs to fit), the reversal claims sharing their runs, the longest trials first."""
+    jobs, train_lengths = claim_jobs(FIELD_CLAIMS, [12, 13], None)
+    cells = [(j["spec"], scheme_of(j["factors"]), j["trial"]["task"]["name"], j["trial"]["optim"]["steps"])
+             for j in jobs if j["trial"]["seed"] == 12]
+    assert sorted(cells) == [
+        ("schemes_abacus_published", "learned, random_shift", "addition", 10_000),
+        ("schemes_abacus_published", "nope, sequential, abacus", "addition", 4_000),
+        ("schemes_multiplication_coupled", "learned, coupled", "multiplication", 12_000),
+        ("schemes_randomized_published", "learned, randomized", "duplicate", 12_000),
+        ("schemes_randomized_published", "learned, randomized", "reverse", 12_000),
+        ("schemes_randomized_published", "learned, sequential", "duplicate", 12_000),
+        ("schemes_randomized_published", "learned, sequential", "reverse", 12_000)]
+    assert len(jobs) == 2 * len(cells)
+    steps = [j["trial"]["optim"]["steps"] for j in jobs]
+    assert steps == sorted(steps, reverse=True)
+    assert train_lengths == {"schemes_abacus_published": 5, "schemes_multiplication_coupled": 5,
+                             "schemes_randomized_published": 8}
+    only, _ = claim_jobs([CLAIM["randomized_duplication_tokens"]], [12], None)
+    assert {j["trial"]["task"]["name"] for j in only} == {"duplicate"} and len(only) == 2
+
+
+def saved_claim_runs(path, claims, abacus_at_2x):
+    """Made-up runs of `claims`' cells at seeds 0 and 1, as `--json` keeps them: every cell fits, the
+    Abacus cell scores `abacus_at_2x` beyond the train length and every other cell 0.0."""
+    jobs, train_lengths = claim_jobs(claims, [0, 1], None)
+    rows = [{"spec": j["spec"], "cell": j["cell"], "seed": j["trial"]["seed"], "data_seed": None, "checkpoint": "last",
+             "length": n, "k": None, "ids": "sequential", "own_ids": True,
+             "exact_match": 1.0 if n == train_lengths[j["spec"]] else (
+                 abacus_at_2x if "abacus" in j["cell"] or "randomized" in j["cell"] else 0.0),
+             "answer_token_acc": 1.0} for j in jobs for n in j["trial"]["eval"]["lengths"]]
+    path.write_text(json.dumps({"seeds": [0, 1], "rows": rows}))
+    return path
+
+
+def test_claims_are_judged_at_their_own_train_length_and_written_into_the_docs(tmp_path, capsys):
+    """Addition (train <= 5, judged at 10) and reversal (train <= 8, judged at 16) in one run: each
+    claim at its own 2x, a table per train length, and the verdicts as a docs block; exit 0 when every
+    claim holds, 1 when one fails."""
+    claims = [CLAIM["abacus_addition"], CLAIM["randomized_reversal_exact"]]
+    names = [c.name for c in claims]
+    docs = tmp_path / "schemes.md"
+    docs.write_text("# schemes\n")
+    saved = saved_claim_runs(tmp_path / "runs.json", claims, abacus_at_2x=0.9)
+    assert main(["--claims", *names, "--seeds", "0", "1", "--from-json", str(saved), "--docs", str(docs)]) == 0
+    out = capsys.readouterr().out
+    assert "claim abacus_addition: holds" in out and "at 10, paired difference 0.90" in out
+    assert "claim randomized_reversal_exact: holds" in out and "at 16, paired difference 0.90" in out
+    text = docs.read_text()
+    assert "<!-- generated: claims abacus_addition randomized_reversal_exact seeds 0 1 -->" in text
+    assert "- claim abacus_addition: holds (exact_match: nope, sequential, abacus 0.90" in text
+    assert "<!-- generated: claims addition (lsb_first, unpadded) steps 4000/10000 seeds 0 1 -->" in text
+    assert "<!-- generated: claims reverse steps 12000 seeds 0 1 -->" in text and "train <= 8" in text
+    saved = saved_claim_runs(tmp_path / "runs.json", claims, abacus_at_2x=0.0)
+    assert main(["--claims", *names, "--seeds", "0", "1", "--from-json", str(saved)]) == 1
+    assert "claim failed: claim abacus_addition: fails" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # a claim's cells are its own: not picked by hand too
+        main(["--claims", "abacus_addition", "--cells", "name=reverse"])
+    assert exit_.value.code == 2 and "--claims trains the claims' own cells" in capsys.readouterr().err
