@@ -66,16 +66,14 @@ FIELD_CLAIMS = [
 def claim_jobs(claims: list[FieldClaim], seeds: list[int], lengths: list[int] | None) -> tuple[list[dict], dict]:
     """The trials `claims` need, each once, the longest first (they finish together on N workers), and
     each spec's train length."""
-    jobs, train_lengths, seen = [], {}, set()
-    for recipe in dict.fromkeys(r for claim in claims for r in claim.recipe):
+    jobs, train_lengths = [], {}
+    for recipe in dict.fromkeys(r for claim in claims for r in claim.recipe):  # claims may share a recipe
         found, train_lengths[recipe.spec] = jobs_for(SPACES / f"{recipe.spec}.yaml", seeds, lengths,
                                                      list(recipe.cells) or None)
         for job in found:
             if recipe.steps:
                 job["trial"]["optim"]["steps"] = recipe.steps
-            if (job["spec"], job["cell"], job["trial"]["seed"]) not in seen:
-                seen.add((job["spec"], job["cell"], job["trial"]["seed"]))
-                jobs.append(job)
+        jobs += found
     return sorted(jobs, key=lambda j: -j["trial"]["optim"].get("steps", 0)), train_lengths
 
 
