@@ -177,6 +177,22 @@ def flops_per_token(cfg: dict, seq: float) -> float:
     return 6 * matmul + 6 * m.n_layers * width * seq
 
 
+def time_steps(cfg: dict, steps: int) -> dict:
+    """Train `steps` steps of a trial config, reporting halfway and at the end, and time them: seconds
+    a step, a report, and the wall outside both (start-up, the final evaluation)."""
+    from trial.loop import train_loop_per_worker
+
+    t0 = time.time()
+    session = ProgressFile(None)
+    train_loop_per_worker(_merge(cfg, {"optim": {"steps": steps, "warmup_steps": min(steps, cfg["optim"]["warmup_steps"])},
+                                       "eval": {"every_steps": steps // 2}}), session)
+    wall = time.time() - t0
+    first, last = session.reports[0], session.reports[-1]
+    first_step = first.get("startup/first_step_s", 0.0)  # the first report holds the start-up
+    return {"per_step_s": (last["time/train_s"] - first_step) / max(1, steps - 1), "per_report_s": first["time/eval_s"],
+            "outside_s": wall - last["time/train_s"] - last["time/eval_s"] + first_step}
+
+
 def step_reference(out: Path, shrink: bool, partial: Path, deadline: float) -> dict:
     """Calibrate, plan the largest budget that fits, train it, score best and last."""
     import pandas as pd
@@ -187,26 +203,16 @@ def step_reference(out: Path, shrink: bool, partial: Path, deadline: float) -> d
     cfg = reference_config(shrink)
     full, every = cfg["optim"]["steps"], cfg["eval"]["every_steps"]
     calibration = 4 if shrink else 400
-    t0 = time.time()
-    calib_cfg = _merge(cfg, {"optim": {"steps": calibration, "warmup_steps": min(calibration, cfg["optim"][
-        "warmup_steps"])}, "eval": {"every_steps": calibration // 2}})
-    session = ProgressFile(None)
     try:
-        train_loop_per_worker(calib_cfg, session)
+        timed = time_steps(cfg, calibration)
     except Exception as e:  # noqa: BLE001  a compile that fails here must not cost the measurement
-        if calib_cfg["deepspeed"].get("compile") is False:
+        if cfg["deepspeed"].get("compile") is False:
             raise
         print(f"reference: the compiled step failed ({type(e).__name__}: {e}); going on eager", flush=True)
-        cfg["deepspeed"]["compile"] = calib_cfg["deepspeed"]["compile"] = False
-        t0, session = time.time(), ProgressFile(None)
-        train_loop_per_worker(calib_cfg, session)
-    calib_wall = time.time() - t0
-    first, last = session.reports[0], session.reports[-1]
-    first_step = first.get("startup/first_step_s", 0.0)  # the first report holds the start-up
-    per_step = (last["time/train_s"] - first_step) / max(1, calibration - 1)
-    per_report = first["time/eval_s"]
-    final_eval = last["time/eval_s"] - first["time/eval_s"]
-    fixed = calib_wall - last["time/train_s"] - last["time/eval_s"] + first_step + 2 * final_eval + 10
+        cfg["deepspeed"]["compile"] = False
+        timed = time_steps(cfg, calibration)
+    per_step, per_report = timed["per_step_s"], timed["per_report_s"]
+    fixed = timed["outside_s"] + 2 * per_report + 10
     left = deadline - time.time()
     steps = plan_steps(full, every, cfg["optim"]["warmup_steps"], per_step, per_report, fixed, left)
     plan = {"full_steps": full, "steps": steps, "share_of_budget": steps / full, "calibration_steps": calibration,

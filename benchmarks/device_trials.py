@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.device import ROOT, ProgressFile, _merge, plan_steps, versions
+from benchmarks.device import ROOT, ProgressFile, _merge, plan_steps, time_steps, versions
 
 CALIBRATION_STEPS = 200
 SHRUNK = {"optim": {"steps": 20, "warmup_steps": 2}, "eval": {"samples_per_point": 16, "val_samples": 16,
@@ -67,17 +67,9 @@ def train_one(name: str, cfg: dict, out: Path, deadline: float, shrink: bool) ->
     from trial.loop import train_loop_per_worker
 
     full, every, warmup = cfg["optim"]["steps"], cfg["eval"]["every_steps"], cfg["optim"]["warmup_steps"]
-    calibration = 4 if shrink else CALIBRATION_STEPS
-    t0 = time.time()
-    session = ProgressFile(None)
-    train_loop_per_worker(_merge(cfg, {"optim": {"steps": calibration, "warmup_steps": min(calibration, warmup)},
-                                       "eval": {"every_steps": calibration // 2}}), session)
-    wall = time.time() - t0
-    first, last = session.reports[0], session.reports[-1]
-    first_step = first.get("startup/first_step_s", 0.0)
-    per_step = (last["time/train_s"] - first_step) / max(1, calibration - 1)
-    per_report = first["time/eval_s"]
-    fixed = wall - last["time/train_s"] - last["time/eval_s"] + first_step + 4 * per_report + 15
+    timed = time_steps(cfg, 4 if shrink else CALIBRATION_STEPS)
+    per_step, per_report = timed["per_step_s"], timed["per_report_s"]
+    fixed = timed["outside_s"] + 4 * per_report + 15
     # a tenth held back: the others were still starting while this one timed its steps
     steps = plan_steps(full, every, warmup, per_step, per_report, fixed, 0.9 * (deadline - time.time()))
     plan = {"full_steps": full, "steps": steps, "share_of_budget": steps / full, "per_step_ms": per_step * 1e3,
