@@ -14,6 +14,7 @@ from pathlib import Path
 from benchmarks.coupling import jobs_for
 from benchmarks.runs_table import FITS, per_run
 from study.results.tables import mean_and_range_text
+from trial.config import TrialConfig
 
 SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
@@ -46,11 +47,9 @@ class FieldClaim:
 
 REVERSAL = (Recipe("schemes_randomized_published", ("name=reverse",)),)
 FIELD_CLAIMS = [
-    # the baseline fits addition in 10,000 steps where Abacus fits it in 4,000 (docs/schemes.md)
+    # trained on 1-10 digits: on 1-5 the distances a 10-digit sum needs never meet in training (docs/schemes.md)
     FieldClaim("abacus_addition", "McLeish et al. 2024", "addition (lsb_first, unpadded)", "nope, sequential, abacus",
-               (Recipe("schemes_abacus_published", ("abacus=True",)),
-                Recipe("schemes_abacus_published", ("ids=random_shift",), steps=10_000)),
-               above="learned, random_shift"),
+               (Recipe("schemes_abacus_train10"),), above="learned, random_shift"),
     FieldClaim("coupled_multiplication", "Cho et al. 2024", "multiplication", "learned, coupled",
                (Recipe("schemes_multiplication_coupled"),), at_least=0.9),
     FieldClaim("randomized_reversal_tokens", "Ruoss et al. 2023", "reverse", "learned, randomized", REVERSAL,
@@ -74,7 +73,14 @@ def claim_jobs(claims: list[FieldClaim], seeds: list[int], lengths: list[int] | 
             if recipe.steps:
                 job["trial"]["optim"]["steps"] = recipe.steps
         jobs += found
-    return sorted(jobs, key=lambda j: -j["trial"]["optim"].get("steps", 0)), train_lengths
+    return sorted(jobs, key=lambda j: -work(j["trial"])), train_lengths
+
+
+def work(trial: dict) -> int:
+    """Parameters x samples trained: what orders trials by their time (4 layers of d 256 for 8,000
+    steps train about 5x as long as 2 layers of d 128 for 12,000)."""
+    cfg = TrialConfig.model_validate(trial)
+    return cfg.n_parameters() * cfg.optim.steps * cfg.optim.batch_size
 
 
 def sampling_margin(mine, other, samples: int):

@@ -105,23 +105,22 @@ def test_saved_runs_of_other_seeds_are_an_error_that_names_the_seeds_they_hold(t
 
 
 def test_each_claim_trains_the_cells_of_its_own_recipe_once():
-    """The claims' cells: Abacus and its baseline from the published Abacus spec (the baseline at the
-    10,000 steps it needs to fit), the reversal claims sharing their runs, the longest trials first."""
+    """The claims' cells: Abacus and its baseline from the spec that trains them on 1-10 digits, the
+    reversal claims sharing their runs, the longest trials first."""
     jobs, train_lengths = claim_jobs(FIELD_CLAIMS, [12, 13], None)
     cells = [(j["spec"], scheme_of(j["factors"]), j["trial"]["task"]["name"], j["trial"]["optim"]["steps"])
              for j in jobs if j["trial"]["seed"] == 12]
     assert sorted(cells) == [
-        ("schemes_abacus_published", "learned, random_shift", "addition", 10_000),
-        ("schemes_abacus_published", "nope, sequential, abacus", "addition", 4_000),
+        ("schemes_abacus_train10", "learned, random_shift", "addition", 8_000),
+        ("schemes_abacus_train10", "nope, sequential, abacus", "addition", 8_000),
         ("schemes_multiplication_coupled", "learned, coupled", "multiplication", 12_000),
         ("schemes_randomized_published", "learned, randomized", "duplicate", 12_000),
         ("schemes_randomized_published", "learned, randomized", "reverse", 12_000),
         ("schemes_randomized_published", "learned, sequential", "duplicate", 12_000),
         ("schemes_randomized_published", "learned, sequential", "reverse", 12_000)]
     assert len(jobs) == 2 * len(cells)
-    steps = [j["trial"]["optim"]["steps"] for j in jobs]
-    assert steps == sorted(steps, reverse=True)
-    assert train_lengths == {"schemes_abacus_published": 5, "schemes_multiplication_coupled": 5,
+    assert [j["spec"] for j in jobs[:2]] == ["schemes_abacus_train10"] * 2  # the longest: 4 layers of d 256
+    assert train_lengths == {"schemes_abacus_train10": 10, "schemes_multiplication_coupled": 5,
                              "schemes_randomized_published": 8}
     only, _ = claim_jobs([CLAIM["randomized_duplication_tokens"]], [12], None)
     assert {j["trial"]["task"]["name"] for j in only} == {"duplicate"} and len(only) == 2
@@ -141,7 +140,7 @@ def saved_claim_runs(path, claims, abacus_at_2x):
 
 
 def test_claims_are_judged_at_their_own_train_length_and_written_into_the_docs(tmp_path, capsys):
-    """Addition (train <= 5, judged at 10) and reversal (train <= 8, judged at 16) in one run: each
+    """Addition (train <= 10, judged at 20) and reversal (train <= 8, judged at 16) in one run: each
     claim at its own 2x, a table per train length, and the verdicts as a docs block; exit 0 when every
     claim holds, 1 when one fails."""
     claims = [CLAIM["abacus_addition"], CLAIM["randomized_reversal_exact"]]
@@ -151,12 +150,12 @@ def test_claims_are_judged_at_their_own_train_length_and_written_into_the_docs(t
     saved = saved_claim_runs(tmp_path / "runs.json", claims, abacus_at_2x=0.9)
     assert main(["--claims", *names, "--seeds", "0", "1", "--from-json", str(saved), "--docs", str(docs)]) == 0
     out = capsys.readouterr().out
-    assert "claim abacus_addition: holds" in out and "at 10, paired difference 0.90" in out
+    assert "claim abacus_addition: holds" in out and "at 20, paired difference 0.90" in out
     assert "claim randomized_reversal_exact: holds" in out and "at 16, paired difference 0.90" in out
     text = docs.read_text()
     assert "<!-- generated: claims abacus_addition randomized_reversal_exact seeds 0 1 -->" in text
     assert "- claim abacus_addition: holds (exact_match: nope, sequential, abacus 0.90" in text
-    assert "<!-- generated: claims addition (lsb_first, unpadded) steps 4000/10000 seeds 0 1 -->" in text
+    assert "<!-- generated: claims addition (lsb_first, unpadded) steps 8000 seeds 0 1 -->" in text
     assert "<!-- generated: claims reverse steps 12000 seeds 0 1 -->" in text and "train <= 8" in text
     saved = saved_claim_runs(tmp_path / "runs.json", claims, abacus_at_2x=0.0)
     assert main(["--claims", *names, "--seeds", "0", "1", "--from-json", str(saved)]) == 1
