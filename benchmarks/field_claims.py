@@ -33,7 +33,7 @@ class Recipe:
 class FieldClaim:
     """`scheme` on `task` scores `metric` >= `at_least` (mean over seeds), or above `above` by more
     than two standard errors of the paired difference (so not 0.02 over 0.00, nor one sample of 256)
-    on every seed where both fit, at least two."""
+    on every seed where both fit, at least two (one when one seed ran)."""
 
     name: str
     source: str
@@ -90,9 +90,11 @@ def sampling_margin(mine, other, samples: int):
 
 
 def judge(claim: FieldClaim, table, samples: int) -> tuple[bool | None, str]:
-    """(holds, the figures): None when a cell it needs was not run. `table` holds a row per run and
-    length, with the train length of its cell; `samples`: test samples per cell."""
+    """(holds, the figures): None when a cell it needs was not run in its recipe's spec. `table` holds
+    a row per run and length, with its spec and the train length of its cell; `samples`: test samples
+    per cell."""
     schemes = [claim.scheme] + ([claim.above] if claim.above else [])
+    table = table[table.spec.isin({r.spec for r in claim.recipe})]  # another spec's cells are another setup
     cells = {s: table[(table.task == claim.task) & (table.scheme == s)] for s in schemes}
     if any(c.empty for c in cells.values()) or claim.metric not in table:
         return None, "not run"

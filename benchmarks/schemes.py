@@ -8,9 +8,9 @@ per scheme and a column per task, beside each scheme the literature's published 
 Without specs or `--cells` it trains the cells each claim of benchmarks/field_claims.py needs, in
 its recipe, and prints one line per claim, `claim <name>: holds (...)` or `fails (...)`, exiting 1
 when one fails. With specs or `--cells` (of schemes_by_task and its Abacus sibling when no spec is
-named) it trains those cells and judges the claims whose cells ran. Every cell trains at a fixed
-learning rate (`--lr`; the study searches it per cell with Optuna) and is scored as
-`python -m benchmarks.coupling` scores it (docs/schemes.md).
+named) it trains those cells and judges the claims whose recipe's cells ran. Every cell trains at a
+fixed learning rate (`--lr`; the study searches it per cell with Optuna) and is scored as `python -m
+benchmarks.coupling` scores it (docs/schemes.md).
 """
 
 from __future__ import annotations

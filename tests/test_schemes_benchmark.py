@@ -13,19 +13,20 @@ from benchmarks.schemes import LITERATURE, main, scheme_of, scheme_table
 CLAIM = {c.name: c for c in FIELD_CLAIMS}
 
 
-def rows_of(task, train_length, by_scheme, fit=None):
-    """A row per scheme, seed and length (1x, 2x, 3x): `by_scheme` maps a scheme to its exact match
-    at 2x and 3x per seed, `fit` to its exact match at the train length (1.0 when not given)."""
-    return [{"scheme": scheme, "task": task, "seed": seed, "data_seed": None, "length": n,
+def rows_of(task, train_length, by_scheme, fit=None, spec="schemes_randomized_published"):
+    """A row per scheme, seed and length (1x, 2x, 3x) of `spec`'s runs: `by_scheme` maps a scheme to
+    its exact match at 2x and 3x per seed, `fit` to its exact match at the train length (1.0 when not
+    given)."""
+    return [{"spec": spec, "scheme": scheme, "task": task, "seed": seed, "data_seed": None, "length": n,
              "train_length": train_length, "exact_match": exact if n > train_length else (fit or {}).get(scheme, 1.0),
              "answer_token_acc": 0.5 + exact / 2 if n > train_length else (fit or {}).get(scheme, 1.0)}
             for scheme, by_seed in by_scheme.items()
             for seed, exact in enumerate(by_seed) for n in (train_length, 2 * train_length, 3 * train_length)]
 
 
-def reversal(randomized, sequential, fit=(1.0, 1.0)):
+def reversal(randomized, sequential, fit=(1.0, 1.0), spec="schemes_randomized_published"):
     return pd.DataFrame(rows_of("reverse", 8, {"learned, randomized": randomized, "learned, sequential": sequential},
-                                {"learned, randomized": fit[0], "learned, sequential": fit[1]}))
+                                {"learned, randomized": fit[0], "learned, sequential": fit[1]}, spec))
 
 
 def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_seed():
@@ -33,7 +34,7 @@ def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_se
     2x / 3x and the runs that reach 0.95 at 2x; a cell below 0.95 exact at the train length reads
     "did not fit" and fails every claim that needs it; a claim that one scheme beats another holds
     only when every seed's paired difference is above two standard errors of it (one sample in 256 is
-    not a result); a claim whose cells were not run is not judged."""
+    not a result); a claim whose cells were not run in its recipe's spec is not judged."""
     random_ = {"positional.encoding": "learned", "positional.ids": "randomized", "positional.max_position": 96,
                "task.name": "reverse"}
     assert scheme_of(random_) == "learned, randomized" and scheme_of({"positional.abacus": True}).endswith("abacus")
@@ -47,6 +48,8 @@ def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_se
     assert judge(CLAIM["randomized_reversal_exact"], good, 256)[0] is True
     assert judge(CLAIM["randomized_reversal_tokens"], good, 256)[0] is True
     assert judge(CLAIM["coupled_multiplication"], good, 256) == (None, "not run")
+    elsewhere = reversal((1.0, 0.5, 0.97), (0.0, 0.0, 0.0), spec="schemes_by_task")  # not the claim's recipe
+    assert judge(CLAIM["randomized_reversal_exact"], elsewhere, 256) == (None, "not run")
     lines, failures = check_field_claims(good, 256)
     assert failures == [] and "claim coupled_multiplication: not run  [Cho et al. 2024]" in lines  # not a failure
     one_seed_below = reversal((1.0, 0.5, 0.0), (0.0, 0.0, 0.1))  # the mean is above, one seed is not
