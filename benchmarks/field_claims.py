@@ -21,12 +21,11 @@ SPACES = Path(__file__).resolve().parents[1] / "search_spaces"
 
 @dataclass(frozen=True)
 class Recipe:
-    """Cells of `search_spaces/<spec>.yaml` a claim trains: `cells` as `--cells` picks them (all when
-    empty), for `steps` where the spec's do not fit them."""
+    """Cells of `search_spaces/<spec>.yaml` a claim trains, as the spec sets them up: `cells` as
+    `--cells` picks them (all when empty)."""
 
     spec: str
     cells: tuple[str, ...] = ()
-    steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,9 +68,6 @@ def claim_jobs(claims: list[FieldClaim], seeds: list[int], lengths: list[int] | 
     for recipe in dict.fromkeys(r for claim in claims for r in claim.recipe):  # claims may share a recipe
         found, train_lengths[recipe.spec] = jobs_for(SPACES / f"{recipe.spec}.yaml", seeds, lengths,
                                                      list(recipe.cells) or None)
-        for job in found:
-            if recipe.steps:
-                job["trial"]["optim"]["steps"] = recipe.steps
         jobs += found
     return sorted(jobs, key=lambda j: -work(j["trial"])), train_lengths
 
