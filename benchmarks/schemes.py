@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(unique)} trials, seeds {args.seeds}, lr {lrs}, {args.workers} at a time", flush=True)
     if args.from_json:
         try:
-            (rows, _), seconds, wall = saved_runs(args.from_json, unique), [], 0.0
+            (rows, series), seconds, wall = saved_runs(args.from_json, unique), [], 0.0
             held = sorted({s for p in args.from_json for s in json.loads(Path(p).read_text()).get("seeds", [])})
         except (OSError, ValueError, KeyError) as e:
             print(f"error: --from-json: {e}", file=sys.stderr)
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{held} (give them with --seeds)", file=sys.stderr)
             return 2
     else:
-        rows, _, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
+        rows, series, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)
     names = {(j["spec"], j["cell"]): j for j in unique}
     table["scheme"] = [scheme_of(names[(s, c)]["factors"]) for s, c in zip(table.spec, table.cell)]
@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         "\n".join(f"- {line}" for line in lines), argv=command_line(argv))
     print(f"\n{len(unique)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
-        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "failures": failures}, indent=1))
+        # the per-trial file run_jobs kept, with the verdicts: a finished run's file holds all a stopped one's did
+        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series,
+                                               "failures": failures}, indent=1))
     for failure in failures:
         print(f"claim failed: {failure}", file=sys.stderr)
     return 1 if failures else 0

@@ -138,7 +138,9 @@ def saved_claim_runs(path, claims, abacus_at_2x):
              "exact_match": 1.0 if n == train_lengths[j["spec"]] else (
                  abacus_at_2x if "abacus" in j["cell"] or "randomized" in j["cell"] else 0.0),
              "answer_token_acc": 1.0} for j in jobs for n in j["trial"]["eval"]["lengths"]]
-    path.write_text(json.dumps({"seeds": [0, 1], "rows": rows}))
+    series = [{"spec": j["spec"], "cell": j["cell"], "seed": j["trial"]["seed"], "step": 100, "track/loss": 1.0}
+              for j in jobs]
+    path.write_text(json.dumps({"seeds": [0, 1], "rows": rows, "series": series}))
     return path
 
 
@@ -151,8 +153,12 @@ def test_claims_are_judged_at_their_own_train_length_and_written_into_the_docs(t
     docs = tmp_path / "schemes.md"
     docs.write_text("# schemes\n")
     saved = saved_claim_runs(tmp_path / "runs.json", claims, abacus_at_2x=0.9)
-    assert main(["--claims", *names, "--seeds", "0", "1", "--from-json", str(saved), "--docs", str(docs)]) == 0
+    kept = tmp_path / "kept.json"
+    assert main(["--claims", *names, "--seeds", "0", "1", "--from-json", str(saved), "--docs", str(docs),
+                 "--json", str(kept)]) == 0
     out = capsys.readouterr().out
+    # the rewritten file keeps each trial's tracked series beside the rows
+    assert json.loads(kept.read_text())["series"] == json.loads(saved.read_text())["series"]
     assert "claim abacus_addition: holds" in out and "at 20, paired difference 0.90" in out
     assert "claim randomized_reversal_exact: holds" in out and "at 16, paired difference 0.90" in out
     text = docs.read_text()
