@@ -50,15 +50,23 @@ LITERATURE = {
     "t5_bias, sequential": "Raffel et al. 2020: the relative baseline of most of these papers",
     "learned, randomized": "Ruoss et al. 2023: +12.0% average accuracy at unseen lengths over 15 algorithmic tasks "
                            "(reversal, duplication and bucket sort among them; train <= 40, test 41-500)",
+    "learned, sequential, encoder": "absolute ids in the Chomsky suite's encoder, every output read at once: Ruoss et "
+                                    "al. 2023's baseline as they ran it (Deletang et al. 2023)",
+    "learned, randomized, encoder": "Ruoss et al. 2023, as they ran it: the same encoder, ids a sorted sample of [0, "
+                                    "2048); +12.0% average accuracy at unseen lengths over 15 tasks (train <= 40, "
+                                    "test 41-500)",
     "nope, sequential, abacus": "McLeish et al. 2024: addition trained on 20 digits, up to 99% exact at 100 digits",
     "fire, sequential, abacus": "McLeish et al. 2024: Abacus + FIRE, addition trained on 20 digits, ~99% at 100 digits",
 }
 
 
-def scheme_of(factors: dict) -> str:
-    """A cell's scheme as the table names it: encoding, ids[, abacus]."""
+def scheme_of(factors: dict, trial: dict | None = None) -> str:
+    """A cell's scheme as the table names it: encoding, ids[, abacus][, encoder]. An encoder
+    (`model.output: encoder`, in the grid or the trial) reads every output at once: another model,
+    so another row."""
     name = f"{factors.get('positional.encoding', 'learned')}, {factors.get('positional.ids', 'sequential')}"
-    return name + (", abacus" if factors.get("positional.abacus") else "")
+    output = factors.get("model.output", ((trial or {}).get("model") or {}).get("output"))
+    return name + (", abacus" if factors.get("positional.abacus") else "") + (", encoder" if output == "encoder" else "")
 
 
 def task_of(task: dict) -> str:
@@ -179,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seen, unique = set(), []  # a (scheme, task) in two specs runs once, from the first, unless set up apart
     for job in jobs:
-        key = (scheme_of(job["factors"]), json.dumps(job["trial"]["task"], sort_keys=True), job["trial"]["seed"])
+        key = (scheme_of(job["factors"], job["trial"]), json.dumps(job["trial"]["task"], sort_keys=True), job["trial"]["seed"])
         if key not in seen:
             seen.add(key)
             unique.append(job)
@@ -200,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, series, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)
     names = {(j["spec"], j["cell"]): j for j in unique}
-    table["scheme"] = [scheme_of(names[(s, c)]["factors"]) for s, c in zip(table.spec, table.cell)]
+    table["scheme"] = [scheme_of(names[(s, c)]["factors"], names[(s, c)]["trial"]) for s, c in zip(table.spec, table.cell)]
     table["task"] = [task_of(names[(s, c)]["trial"]["task"]) for s, c in zip(table.spec, table.cell)]
     table["steps"] = [names[(s, c)]["trial"]["optim"].get("steps") for s, c in zip(table.spec, table.cell)]
     table["train_length"] = table.spec.map(train_lengths)

@@ -378,7 +378,7 @@ def p4_generation_and_data(repeats: int = 5, configs: tuple[str, ...] | None = N
 
     from models import generate
     from trial.config import TrialConfig
-    from trial.evaluate import Tensors, next_token_loss
+    from trial.evaluate import Tensors, token_loss
 
     out = {"generation": {}, "data": {}}
     # generation: addition with coupled ids writes as many digits as it reads
@@ -422,8 +422,8 @@ def p4_generation_and_data(repeats: int = 5, configs: tuple[str, ...] | None = N
 
         def step(b_ids=data()):  # noqa: B008 (one batch, drawn once: the step times the model, not the data)
             b, ids = b_ids
-            loss, _, _ = next_token_loss(model, model, Tensors.from_batch(b, ids, torch.device("cpu")),
-                                         pos.position_loss_weight)
+            loss, _, _ = token_loss(model, model, Tensors.from_batch(b, ids, torch.device("cpu")),
+                                    pos.position_loss_weight)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -6,7 +6,9 @@ score bias, and compares no names. *Which* id each token gets is decided outside
 (models/positions.py), so every scheme is encoding x ids; `abacus` adds a learned embedding of each
 digit's place in its number on top of any encoding. Predictive Position Coupling (PPC) adds a
 position head that predicts the id of the next token (absolute, delta, pointer, pointer_softmax).
-The reference implementation's T5-style choices are fields here, off by default. ModelConfig is the
+The reference implementation's T5-style choices are fields here, off by default; `output: encoder`
+makes it the Chomsky suite's encoder (bidirectional attention, every output read at once at a
+placeholder, the trial's loss and evaluation: trial/evaluate.py). ModelConfig is the
 one declaration of the model's fields and defaults: the trial config's `model` and `positional`
 groups fill it by name (trial/config.py). The encodings and abacus: README, "Positional scheme =
 encoding x ids"; the position head and the reference's options: docs/trial.md.
@@ -65,6 +67,9 @@ class ModelConfig:
     abacus_offset: Literal["batch", "sample"] = "batch"  # one offset per batch, or one per sample
     abacus_norm: bool = False  # LayerNorm on the input embedding sum (the Abacus reference's model)
     abacus_init_std: float | None = None  # the place table's initial std (default: the model's 0.02)
+    # autoregressive: causal attention, each token predicts the next; encoder: bidirectional
+    # attention, every output read at once at a placeholder token (the Chomsky suite's transformer)
+    output: Literal["autoregressive", "encoder"] = "autoregressive"
 
     @property
     def d_head(self) -> int:
@@ -324,7 +329,8 @@ class DecoderLM(nn.Module):
         over the keys (cached ones first) and "current id + 1".
 
         visible: optional bool [B, Tq, Tk] (True = may attend), combined with causal masking; Tk
-        counts cached keys too. It lets an analysis hide chosen context tokens from chosen queries.
+        counts cached keys too. It lets an analysis hide chosen context tokens from chosen queries,
+        and an encoder (`output: encoder`) hide padding.
 
         digit_places: int [B, T] (abacus only), each token's place in its number (0: not a digit).
         """
@@ -344,8 +350,10 @@ class DecoderLM(nn.Module):
                 x = self.input_norm(x)
         x = self.drop(x)
         # Plain causal attention takes SDPA's fused is_causal path; anything else an additive mask.
-        causal = visible is None and past == 0 and not enc.adds_score_bias and self.cfg.id_window is None
-        mask = None if causal else self._attention_mask(B, T, past, visible, x.device, x.dtype)
+        encoder = self.cfg.output == "encoder"
+        causal = (not encoder and visible is None and past == 0 and not enc.adds_score_bias
+                  and self.cfg.id_window is None)
+        mask = None if causal else self._attention_mask(B, T, past, visible, x.device, x.dtype, not encoder)
         # what depends on the ids only is computed once here, not once per layer
         key_ids = position_ids if cache is None else torch.cat([cache[0][2], position_ids], dim=1)
         bias = self._id_bias(position_ids, key_ids, mask, x.dtype)
@@ -386,11 +394,14 @@ class DecoderLM(nn.Module):
         return bias
 
     @staticmethod
-    def _attention_mask(B, T, past, visible, device, dtype) -> torch.Tensor | None:
-        """Additive float mask [B, 1, T, past+T]: causal, and `visible` where given."""
-        if T == 1 and visible is None:
-            return None  # one new query sees every cached key
-        allowed = torch.ones(T, past + T, dtype=torch.bool, device=device).tril(diagonal=past)
+    def _attention_mask(B, T, past, visible, device, dtype, causal: bool = True) -> torch.Tensor | None:
+        """Additive float mask [B, 1, T, past+T]: causal (unless the model is an encoder), and
+        `visible` where given."""
+        if visible is None and (T == 1 or not causal):
+            return None  # one new query sees every cached key; an encoder's query sees every key
+        allowed = torch.ones(T, past + T, dtype=torch.bool, device=device)
+        if causal:
+            allowed = allowed.tril(diagonal=past)
         allowed = allowed[None].expand(B, T, past + T)
         if visible is not None:
             allowed = allowed & visible

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .addition import AdditionTask
-from .base import Batch, Task, TaskParamError, Vocab
+from .base import PAD_ID, Batch, Task, TaskParamError, Vocab
 from .copy_task import CopyTask
 from .lm import LMTask
 from .multiplication import MultiplicationTask
@@ -44,4 +44,4 @@ def get_task(name: str, **params: Any) -> Task:
     return TASKS[name](**params)
 
 
-__all__ = ["TASKS", "Batch", "Task", "TaskParamError", "Vocab", "get_task"]
+__all__ = ["PAD_ID", "TASKS", "Batch", "Task", "TaskParamError", "Vocab", "get_task"]

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 PAD = "<pad>"
+PAD_ID = 0  # every vocabulary's `<pad>`, so padding (and an encoder's placeholder) is one id
 EOS = "<eos>"
 BOS = "<bos>"
 # Symbols a task parameter may ask for (copy's `alphabet`, variable_assignment's `num_vars`): the
@@ -45,7 +46,7 @@ class Vocab:
             raise ValueError(f"duplicate tokens in vocabulary: {tokens}")
         self.tokens: list[str] = tokens
         self.stoi: dict[str, int] = {tok: i for i, tok in enumerate(tokens)}
-        self.pad_id: int = 0
+        self.pad_id: int = PAD_ID
         self.eos_id: int = 1
         self._itos = np.array(tokens, dtype=object)
 

@@ -183,6 +183,19 @@ def test_hidden_tokens_are_invisible(encoding):
     assert not torch.allclose(a[:, -1], c[:, -1], atol=1e-4)
 
 
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_an_encoder_attends_both_ways_and_a_decoder_only_back(encoding):
+    """`output: encoder` is the Chomsky suite's bidirectional transformer: changing the last token
+    changes what the first one computes; autoregressive, it cannot."""
+    tokens, ids = rand_inputs(B=2, T=8)
+    changed = tokens.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 13
+    for output, sees_later in (("encoder", True), ("autoregressive", False)):
+        model = make_model(encoding, output=output)
+        a, b = model(tokens, ids)[0], model(changed, ids)[0]
+        assert (a[:, 0] - b[:, 0]).abs().max().item() > 1e-4 if sees_later else torch.allclose(a[:, :-1], b[:, :-1])
+
+
 def test_learned_encoding_rejects_ids_beyond_table():
     model = make_model("learned")
     tokens, ids = rand_inputs()

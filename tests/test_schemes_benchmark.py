@@ -24,9 +24,12 @@ def rows_of(task, train_length, by_scheme, fit=None, spec="schemes_randomized_pu
             for seed, exact in enumerate(by_seed) for n in (train_length, 2 * train_length, 3 * train_length)]
 
 
-def reversal(randomized, sequential, fit=(1.0, 1.0), spec="schemes_randomized_published"):
-    return pd.DataFrame(rows_of("reverse", 8, {"learned, randomized": randomized, "learned, sequential": sequential},
-                                {"learned, randomized": fit[0], "learned, sequential": fit[1]}, spec))
+RANDOMIZED, SEQUENTIAL = "learned, randomized, encoder", "learned, sequential, encoder"  # the reversal claims'
+
+
+def reversal(randomized, sequential, fit=(1.0, 1.0), spec="schemes_randomized_encoder"):
+    return pd.DataFrame(rows_of("reverse", 8, {RANDOMIZED: randomized, SEQUENTIAL: sequential},
+                                {RANDOMIZED: fit[0], SEQUENTIAL: fit[1]}, spec))
 
 
 def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_seed():
@@ -38,13 +41,14 @@ def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_se
     random_ = {"positional.encoding": "learned", "positional.ids": "randomized", "positional.max_position": 96,
                "task.name": "reverse"}
     assert scheme_of(random_) == "learned, randomized" and scheme_of({"positional.abacus": True}).endswith("abacus")
+    assert scheme_of(random_, {"model": {"output": "encoder"}}) == "learned, randomized, encoder"
 
     good = reversal((1.0, 0.5, 0.97), (0.0, 0.0, 0.0))
     text = scheme_table(good, train_length=8)
     randomized = next(line for line in text.splitlines() if line.startswith("| learned, randomized"))
-    assert "0.82 / 0.82 (2/3)" in randomized and LITERATURE["learned, randomized"] in randomized
+    assert "0.82 / 0.82 (2/3)" in randomized and LITERATURE[RANDOMIZED] in randomized
     tokens = scheme_table(good, train_length=8, metric="answer_token_acc")
-    assert "| learned, randomized | 0.91 / 0.91 |" in tokens and "| learned, sequential | 0.50 / 0.50 |" in tokens
+    assert f"| {RANDOMIZED} | 0.91 / 0.91 |" in tokens and f"| {SEQUENTIAL} | 0.50 / 0.50 |" in tokens
     assert judge(CLAIM["randomized_reversal_exact"], good, 256)[0] is True
     assert judge(CLAIM["randomized_reversal_tokens"], good, 256)[0] is True
     assert judge(CLAIM["coupled_multiplication"], good, 256) == (None, "not run")
@@ -60,17 +64,17 @@ def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_se
     assert holds is False and "above 2 standard errors (n=256) on 2/3 runs where both fit (of 3)" in figures
     assert judge(CLAIM["randomized_reversal_exact"], by_a_sample, 25_600)[0] is True  # 100 samples of 25,600
     one_unfit = by_a_sample.copy()  # the run won by one sample did not fit: it is left out of the pairs
-    one_unfit.loc[(one_unfit.scheme == "learned, randomized") & (one_unfit.seed == 2) & (one_unfit.length == 8),
+    one_unfit.loc[(one_unfit.scheme == RANDOMIZED) & (one_unfit.seed == 2) & (one_unfit.length == 8),
                   "exact_match"] = 0.9
     holds, figures = judge(CLAIM["randomized_reversal_exact"], one_unfit, 256)
     assert holds is True and "on 2/2 runs where both fit (of 3)" in figures
-    one_unfit.loc[(one_unfit.scheme == "learned, sequential") & (one_unfit.seed == 1) & (one_unfit.length == 8),
+    one_unfit.loc[(one_unfit.scheme == SEQUENTIAL) & (one_unfit.seed == 1) & (one_unfit.length == 8),
                   "exact_match"] = 0.9
     assert judge(CLAIM["randomized_reversal_exact"], one_unfit, 256)[0] is False  # one pair left: too few
     unfit = reversal((1.0, 0.5, 0.97), (0.0, 0.0, 0.0), fit=(1.0, 0.40))
-    assert "| learned, sequential | did not fit (0.40) |" in scheme_table(unfit, 8)
+    assert f"| {SEQUENTIAL} | did not fit (0.40) |" in scheme_table(unfit, 8)
     holds, figures = judge(CLAIM["randomized_reversal_exact"], unfit, 256)
-    assert holds is False and figures == "learned, sequential did not fit (0.40 exact at 8)"
+    assert holds is False and figures == f"{SEQUENTIAL} did not fit (0.40 exact at 8)"
     assert any("did not fit" in f for f in check_field_claims(unfit, 256)[1])
 
 
@@ -107,9 +111,22 @@ def test_saved_runs_of_other_seeds_are_an_error_that_names_the_seeds_they_hold(t
     assert capsys.readouterr().err.startswith("error: --from-json: ")
 
 
+def test_an_encoders_cells_are_their_own_rows_beside_the_decoders():
+    """The same scheme and task read at once by an encoder is another model: it is another row of
+    the table, and a run of both specs trains both (cells are run once per scheme, task and seed)."""
+    from benchmarks.coupling import jobs_for
+    from benchmarks.field_claims import SPACES
+
+    rows = {(scheme_of(j["factors"], j["trial"]), j["trial"]["task"]["name"])
+            for spec in ("schemes_randomized_published", "schemes_randomized_encoder")
+            for j in jobs_for(SPACES / f"{spec}.yaml", [0], None, None)[0]}
+    assert len(rows) == 8 and ("learned, randomized, encoder", "duplicate") in rows
+    assert ("learned, sequential", "reverse") in rows
+
+
 def test_each_claim_trains_the_cells_of_its_own_recipe_once():
     """The claims' cells: Abacus and its baseline from the spec that trains them on 1-10 digits, the
-    reversal claims sharing their runs, the longest trials first."""
+    reversal claims sharing their runs of an encoder, the longest trials first."""
     jobs, train_lengths = claim_jobs(FIELD_CLAIMS, [12, 13], None)
     cells = [(j["spec"], scheme_of(j["factors"]), j["trial"]["task"]["name"], j["trial"]["optim"]["steps"])
              for j in jobs if j["trial"]["seed"] == 12]
@@ -117,14 +134,15 @@ def test_each_claim_trains_the_cells_of_its_own_recipe_once():
         ("schemes_abacus_train10", "learned, random_shift", "addition", 8_000),
         ("schemes_abacus_train10", "nope, sequential, abacus", "addition", 8_000),
         ("schemes_multiplication_coupled", "learned, coupled", "multiplication", 12_000),
+        ("schemes_randomized_encoder", "learned, randomized", "reverse", 24_000),
+        ("schemes_randomized_encoder", "learned, sequential", "reverse", 24_000),
         ("schemes_randomized_published", "learned, randomized", "duplicate", 12_000),
-        ("schemes_randomized_published", "learned, randomized", "reverse", 12_000),
-        ("schemes_randomized_published", "learned, sequential", "duplicate", 12_000),
-        ("schemes_randomized_published", "learned, sequential", "reverse", 12_000)]
+        ("schemes_randomized_published", "learned, sequential", "duplicate", 12_000)]
     assert len(jobs) == 2 * len(cells)
     assert [j["spec"] for j in jobs[:2]] == ["schemes_abacus_train10"] * 2  # the longest: 4 layers of d 256
     assert train_lengths == {"schemes_abacus_train10": 10, "schemes_multiplication_coupled": 5,
-                             "schemes_randomized_published": 8}
+                             "schemes_randomized_encoder": 8, "schemes_randomized_published": 8}
+    assert {j["trial"]["model"]["output"] for j in jobs if j["trial"]["task"]["name"] == "reverse"} == {"encoder"}
     only, _ = claim_jobs([CLAIM["randomized_duplication_tokens"]], [12], None)
     assert {j["trial"]["task"]["name"] for j in only} == {"duplicate"} and len(only) == 2
 
@@ -165,7 +183,7 @@ def test_claims_are_judged_at_their_own_train_length_and_written_into_the_docs(t
     assert "<!-- generated: claims abacus_addition randomized_reversal_exact seeds 0 1 -->" in text
     assert "- claim abacus_addition: holds (exact_match: nope, sequential, abacus 0.90" in text
     assert "<!-- generated: claims addition (lsb_first, unpadded) steps 8000 seeds 0 1 -->" in text
-    assert "<!-- generated: claims reverse steps 12000 seeds 0 1 -->" in text and "train <= 8" in text
+    assert "<!-- generated: claims reverse steps 24000 seeds 0 1 -->" in text and "train <= 8" in text
     saved = saved_claim_runs(tmp_path / "runs.json", claims, abacus_at_2x=0.0)
     assert main(["--claims", *names, "--seeds", "0", "1", "--from-json", str(saved)]) == 1
     assert "claim failed: claim abacus_addition: fails" in capsys.readouterr().err

@@ -156,6 +156,8 @@ def test_small_model_learns_sparse_parity():
         ({"task": {"params": {"train_length": 40}}}, "task.params.train_length"),
         ({"model": {"d_model": 30}}, "model.n_heads"),
         ({"optim": {"lr": -1}}, "optim.lr"),
+        ({"model": {"output": "encoder"}, "positional": {"ids": "predicted"}}, "model.output"),
+        ({"model": {"output": "decoder"}}, "model.output"),
     ],
 )
 def test_bad_configs_name_the_field(change, field):
@@ -236,6 +238,53 @@ def test_tasks_without_k_train_and_evaluate(task):
     out = train_loop_per_worker(cfg)
     assert [(r["length"], r["k"], r["ids"]) for r in out["records"]] == [(4, None, "coupled"), (6, None, "coupled")]
     assert [r["in_distribution"] for r in out["records"]] == [True, False]
+
+
+def test_an_encoder_reads_the_prompt_and_placeholders_never_the_answer_nor_the_end_token():
+    """An encoder's input holds a placeholder where each target was, and its keys are the prompt
+    and the answer's placeholders: the answer, the `<eos>` after it and padding change nothing."""
+    import numpy as np
+    import torch
+
+    from models import DecoderLM, ModelConfig
+    from tasks import PAD_ID, get_task
+    from trial.evaluate import Tensors
+
+    task = get_task("reverse", train_length=6, min_length=2)
+    batch = task.sample(8, np.random.default_rng(0))
+    assert len(set(batch.seq_len.tolist())) > 1  # some rows are padded
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=len(task.vocab), max_position=32, d_model=32, output="encoder")).eval()
+    x = Tensors.from_batch(batch, batch.position_ids, torch.device("cpu"))
+    inputs = x.inputs(encoder=True)
+    assert (inputs["tokens"][x.loss_mask] == PAD_ID).all() and (inputs["tokens"][~x.loss_mask] == x.tokens[~x.loss_mask]).all()
+    logits = model(**inputs)[0]
+    hidden = ~(x.answer_mask | (x.tokens != PAD_ID) & ~x.loss_mask)  # `<eos>` and padding
+    assert hidden.any()
+    other = Tensors(x.tokens.masked_fill(x.loss_mask, 2), x.ids.masked_fill(hidden, 5), x.loss_mask, x.answer_mask)
+    again = model(**other.inputs(encoder=True))[0]
+    assert torch.allclose(logits[~hidden], again[~hidden], atol=1e-6)
+    target, mask = x.targets(encoder=True)
+    assert torch.equal(mask, x.answer_mask) and torch.equal(target, x.tokens)
+    # the keys the mask leaves are what an encoder reads: unmasked, a changed hidden id is seen
+    seen = model(**{**other.inputs(encoder=True), "visible": None})[0]
+    assert not torch.allclose(logits[~hidden], seen[~hidden], atol=1e-4)
+
+
+def test_an_encoder_learns_reversal_and_is_scored_on_the_answer_alone():
+    """The loop trains an encoder on its placeholders and evaluates it in one pass: it fits short
+    reversals, and its exact match is its answer accuracy (there is no end token to get right)."""
+    cfg = config(task={"name": "reverse", "params": {"train_length": 4, "min_length": 2}},
+                 positional={"encoding": "learned", "ids": "sequential", "max_position": 32},
+                 model={"d_model": 64, "output": "encoder"},
+                 optim={"lr": 1e-3, "steps": 400, "batch_size": 64, "warmup_steps": 20},
+                 eval={"lengths": [4, 8], "ks": None, "samples_per_point": 128, "every_steps": 400})
+    out = train_loop_per_worker(cfg)
+    assert out["metrics"]["val_exact"] >= 0.95
+    inside, beyond = out["records"]
+    assert inside["exact_match"] >= 0.95 and inside["ids"] == "sequential"
+    assert all(r["exact_match"] == r["answer_acc"] for r in out["records"])
+    assert beyond["exact_match"] <= beyond["answer_token_acc"] < 1
 
 
 def test_language_model_is_evaluated_by_loss_per_length():
@@ -321,8 +370,11 @@ def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():
                 "abacus_offset": "sample", "abacus_norm": True, "abacus_init_std": 0.1}
     assert {k: getattr(arch, k) for k in expected} == expected
     defaults = ModelConfig(vocab_size=7)
+    # an encoder has no position head, so its field is set in a config of its own
+    encoder = TrialConfig.model_validate(config(model={"output": "encoder"}))
+    assert encoder.architecture(vocab_size=7).output == "encoder" != ModelConfig(vocab_size=7).output
     # every field of the model is set from the trial config, but rope_base (not a trial option)
-    assert {f.name for f in dataclasses.fields(ModelConfig)} - set(expected) == {"rope_base"}
+    assert {f.name for f in dataclasses.fields(ModelConfig)} - set(expected) == {"rope_base", "output"}
     assert all(getattr(defaults, k) != v for k, v in expected.items() if k not in ("encoding", "vocab_size"))  # the values moved
     assert set(MODEL_FIELD_NAMES.values()) <= set(expected)
     # the parameter bound counts exactly what is built (on the meta device, layer by layer)
@@ -371,7 +423,11 @@ def test_answer_token_acc_counts_answer_tokens_and_exact_match_whole_outputs(mon
 
     monkeypatch.setattr(evaluate, "generate", one_token_wrong)
     monkeypatch.setattr(evaluate.Tensors, "from_batch", staticmethod(keep))
-    [rec] = evaluate.evaluate_point(torch.nn.Module(), task, scheme, 6, None, 8, 8, np.random.default_rng(0), "cpu")
+    from models import ModelConfig
+
+    autoregressive = torch.nn.Module()
+    autoregressive.cfg = ModelConfig(vocab_size=len(task.vocab))
+    [rec] = evaluate.evaluate_point(autoregressive, task, scheme, 6, None, 8, 8, np.random.default_rng(0), "cpu")
     answer_tokens = truth["answer"].sum(1)
     assert (answer_tokens == answer_tokens[0]).all() and answer_tokens[0] > 1
     assert rec["exact_match"] == 0 and rec["answer_acc"] == 0

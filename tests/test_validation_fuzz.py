@@ -391,6 +391,7 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("model.norm_position", put("model.norm_position", "post")),
         ("model.ffn", put("model.ffn", "swiglu")),
         ("model.tie_embeddings", put("model.tie_embeddings", "sometimes")),
+        ("model.output", put("model.output", "decoder")),
         ("optim.min_lr_ratio", put("optim.min_lr_ratio", 1.5)),
         ("data_seed", put("data_seed", -1)),
         ("optim.lr", put("optim.lr", 0)),

@@ -136,6 +136,8 @@ class ModelSpec(Strict):
     ffn: Literal["gelu", "gated_gelu"] = Field(ModelConfig.ffn, description="feed-forward: GELU MLP or T5's gated GELU")
     tie_embeddings: bool = Field(ModelConfig.tie_embeddings,
                                  description="readout tied to the token table (input scaled by d_model^-1/2)")
+    output: Literal["autoregressive", "encoder"] = Field(ModelConfig.output, description="autoregressive: causal, "
+                                                         "outputs fed back; encoder: bidirectional, read at once")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
@@ -313,26 +315,26 @@ class TrialConfig(Strict):
                              f"{self.model.n_heads}")
         if p.abacus and type(task).digit_places is tasks.Task.digit_places:
             raise ValueError(f"positional.abacus: task {task.name!r} does not say which token is which digit")
+        if self.model.output == "encoder":  # it answers a prompt at once, feeding nothing back
+            for refused, why in ((p.scheme.has_position_head, "PPC's head (ids: predicted) has no next id to predict"),
+                                 (task.evaluation == "loss", f"task {task.name!r} is scored by its loss on text"),
+                                 (self.analyses, f"the analyses ({', '.join(self.analyses)}) measure decoders")):
+                if refused:
+                    raise ValueError(f"model.output: an encoder answers a prompt at once: {why}")
         if self.eval.ks is not None and not task.uses_k:
             raise ValueError(f"eval.ks: task {task.name!r} has no k axis; drop eval.ks")
         params = self.n_parameters()
         if params > MAX_PARAMETERS:
-            m, p = self.model, self.positional
-            raise ValueError(
-                f"model: {params:.2g} parameters (model.d_model {m.d_model}, model.n_layers "
-                f"{m.n_layers}, model.d_ff {m.d_ff or 4 * m.d_model}, positional.max_position "
-                f"{p.max_position}); "
-                f"the bound is {MAX_PARAMETERS:.0e} ({MAX_PARAMETERS * 16 // 10**9} GB of fp32 weights, "
-                "gradients and AdamW state)"
-            )
+            m = self.model
+            raise ValueError(f"model: {params:.2g} parameters (model.d_model {m.d_model}, model.n_layers {m.n_layers}, "
+                             f"model.d_ff {m.d_ff or 4 * m.d_model}, positional.max_position {p.max_position}); the "
+                             f"bound is {MAX_PARAMETERS:.0e} ({MAX_PARAMETERS * 16 // 10**9} GB of fp32 weights, "
+                             "gradients and AdamW state)")
         max_pos = self.positional.max_position
-        train_k = task.train_k if task.uses_k else None
-        need = self.ids_needed(task.train_length, train_k)
+        need = self.ids_needed(task.train_length, task.train_k if task.uses_k else None)
         if need >= max_pos:
-            raise ValueError(
-                f"task.params.train_length: training sequences need position id {need}, "
-                f"but positional.max_position is {max_pos}"
-            )
+            raise ValueError(f"task.params.train_length: training sequences need position id {need}, "
+                             f"but positional.max_position is {max_pos}")
         for length, k in self.eval_points():
             try:
                 task.check(length, k)

@@ -1,11 +1,14 @@
 """Loss, in-distribution validation and the evaluation points.
 
-- `next_token_loss`: the training objective (answer/scratchpad tokens only, plus the PPC head).
+- `token_loss`: the training objective (answer/scratchpad tokens only, plus the PPC head).
 - `validate`: teacher-forced on a held-out in-distribution set with inference ids. Its `val_exact`
   (every target token right, and under PPC every predicted id right) equals greedy-generation exact
   match, at the cost of one forward pass, so it is the cheap objective a sweep selects on.
 - `evaluate_points`: greedy generation with a KV cache on every (length, k_test) evaluation point,
   one tidy record per point and id mode; PPC is reported with its own ids and with the oracle's.
+
+An encoder (`model.output: encoder`) writes every answer token at its placeholder in one pass, which
+is its evaluation too (`Tensors.inputs` and `Tensors.targets`: what it reads and is scored on).
 
 Every rank evaluates its own shard and the counts are summed, so evaluation also runs (and must run
 on every rank) under ZeRO-3, whose forward passes are collective.
@@ -21,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from models import DecoderLM, PositionalScheme, generate
-from tasks import Batch, Task
+from tasks import PAD_ID, Batch, Task
 
 
 @dataclass
@@ -42,10 +45,24 @@ class Tensors:
         places = None if batch.digit_places is None else t(batch.digit_places)
         return cls(t(batch.tokens), t(ids), t(batch.loss_mask), t(batch.answer_mask), places)
 
-    def inputs(self) -> dict:
-        """What the model reads to predict the next tokens: every position but the last."""
-        places = None if self.places is None else self.places[:, :-1]
-        return {"tokens": self.tokens[:, :-1], "position_ids": self.ids[:, :-1], "digit_places": places}
+    def inputs(self, encoder: bool = False) -> dict:
+        """What the model reads. Autoregressive: every position but the last, each predicting the
+        next. Encoder: the whole sequence, every target replaced by a placeholder (`<pad>`, otherwise
+        never attended), its keys the prompt and the answer's placeholders only: a target beside the
+        answer (`<eos>`, a scratchpad) is hidden, as the Chomsky suite's inputs have none."""
+        if not encoder:
+            places = None if self.places is None else self.places[:, :-1]
+            return {"tokens": self.tokens[:, :-1], "position_ids": self.ids[:, :-1], "digit_places": places}
+        keys = (self.tokens != PAD_ID) & ~(self.loss_mask & ~self.answer_mask)
+        T = self.tokens.shape[1]
+        return {"tokens": self.tokens.masked_fill(self.loss_mask, PAD_ID), "position_ids": self.ids,
+                "digit_places": self.places, "visible": keys[:, None, :].expand(-1, T, -1)}
+
+    def targets(self, encoder: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, mask): what the logits of `inputs(encoder)` are scored against, and where."""
+        if encoder:
+            return self.tokens, self.answer_mask
+        return self.tokens[:, 1:], self.loss_mask[:, 1:]
 
 
 def with_places(task: Task, batch: Batch, scheme: PositionalScheme) -> Batch:
@@ -55,17 +72,19 @@ def with_places(task: Task, batch: Batch, scheme: PositionalScheme) -> Batch:
     return batch
 
 
-def next_token_loss(
+def token_loss(
     model, module: DecoderLM, x: Tensors, position_loss_weight: float
 ) -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, torch.Tensor | None]]:
-    """Cross-entropy on target tokens; under PPC plus the weighted loss of the next-id head.
+    """Cross-entropy on target tokens (the next token's, or an encoder's at its placeholders);
+    under PPC plus the weighted loss of the next-id head.
 
     `model` is what is called (a DeepSpeed engine or the module itself); `module` the DecoderLM.
     Returns the loss, its parts, and the logits (for accuracy without a second pass).
     """
-    logits, pos_logits, _ = model(**x.inputs())
-    mask = x.loss_mask[:, 1:]
-    lm_loss = F.cross_entropy(logits[mask].float(), x.tokens[:, 1:][mask])
+    encoder = is_encoder(module)
+    logits, pos_logits, _ = model(**x.inputs(encoder))
+    target, mask = x.targets(encoder)
+    lm_loss = F.cross_entropy(logits[mask].float(), target[mask])
     named = {"lm_loss": lm_loss}
     loss = lm_loss
     if pos_logits is not None:
@@ -75,6 +94,11 @@ def next_token_loss(
     # one read back from the device a step, not one per part (each waits for the device to finish)
     parts = dict(zip(named, torch.stack([v.detach().float() for v in named.values()]).tolist()))
     return loss, parts, (logits, pos_logits)
+
+
+def is_encoder(module: DecoderLM) -> bool:
+    """Whether the model reads every output at once (model.output: encoder)."""
+    return module.cfg.output == "encoder"
 
 
 def _all_sum(values: list[float], device: torch.device) -> list[float]:
@@ -94,9 +118,10 @@ def validate(
     loss_sum = tok_right = tok_n = seq_right = ans_right = n = 0.0
     for batch in batches:
         x = Tensors.from_batch(batch, scheme.inference_ids(batch.position_ids), device)
-        loss, _, (logits, pos_logits) = next_token_loss(model, module, x, position_loss_weight)
-        mask, ans = x.loss_mask[:, 1:], x.answer_mask[:, 1:]
-        right = logits.argmax(-1) == x.tokens[:, 1:]
+        loss, _, (logits, pos_logits) = token_loss(model, module, x, position_loss_weight)
+        target, mask = x.targets(is_encoder(module))
+        ans = x.answer_mask if is_encoder(module) else x.answer_mask[:, 1:]
+        right = logits.argmax(-1) == target
         if pos_logits is not None:  # PPC: the id it would feed back must be right too
             right_ids = module.decode_position(pos_logits, x.ids[:, :-1], x.ids[:, :-1]) == x.ids[:, 1:]
             seq_ok = ((right & right_ids) | ~mask).all(1)
@@ -143,11 +168,15 @@ def evaluate_point(
         oracle = ids[:, P:]  # the task's ids (coupled, predicted) or the drawn ones (randomized)
         target, ans = tokens[:, P:], x.answer_mask[:, P:]
         for mode in modes:
-            out, out_ids = generate(
-                module, tokens[:, :P], ids[:, :P], G, mode,
-                oracle_ids=oracle if mode in ("coupled", "randomized") else None, digit_places=x.places,
-            )
-            right = out == target
+            if is_encoder(module):  # every output at once; there is no end token to get right
+                out, out_ids = module(**x.inputs(encoder=True))[0][:, P:].argmax(-1), oracle
+                right = (out == target) | ~ans
+            else:
+                out, out_ids = generate(
+                    module, tokens[:, :P], ids[:, :P], G, mode,
+                    oracle_ids=oracle if mode in ("coupled", "randomized") else None, digit_places=x.places,
+                )
+                right = out == target
             counts[mode] += [
                 (right | ~ans).all(1).sum().item(),
                 right.all(1).sum().item(),
@@ -259,12 +288,16 @@ def attention_margin(module: DecoderLM, batches: list[Batch], scheme: Positional
         for batch in batches:
             x = Tensors.from_batch(batch, scheme.inference_ids(batch.position_ids), device)
             captured.clear()
-            module(**x.inputs())
-            ids = x.ids[:, :-1]
+            inputs = x.inputs(is_encoder(module))
+            module(**inputs)
+            ids = inputs["position_ids"]
             T = ids.shape[1]
             dist = (ids[:, :, None] - ids[:, None, :]).abs()[:, None]  # [B, 1, Tq, Tk]
-            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-            queries = x.loss_mask[:, 1:][:, None, :, None]  # the tokens that predict a target
+            # an encoder's queries see every key but those its mask (in the bias) hides
+            causal = torch.ones(T, T, dtype=torch.bool, device=device)
+            if not is_encoder(module):
+                causal = causal.tril()
+            queries = x.targets(is_encoder(module))[1][:, None, :, None]  # the tokens that predict a target
             for attn, h, rope, bias in captured:
                 B = h.shape[0]
                 q, k, _ = attn.qkv(h).view(B, T, 3, attn.n_heads, attn.d_head).permute(2, 0, 3, 1, 4)

@@ -26,7 +26,7 @@ from trial.evaluate import (
     attention_margin,
     evaluate_points,
     held_out_batches,
-    next_token_loss,
+    token_loss,
     trained_id_distance,
     validate,
     with_places,
@@ -222,7 +222,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
                         cfg.task.train_set_size)
     t = time.time()
     for step, x, tokens in training_batches(steps, cfg.deepspeed.data_workers, device):
-        loss, parts, _ = next_token_loss(engine, model, x, w)
+        loss, parts, _ = token_loss(engine, model, x, w)
         if not math.isfinite(parts["loss"]):  # parts hold floats already: no extra device sync
             lr = engine.lr_scheduler.get_last_lr()[0]
             raise Diverged(f"loss: {parts['loss']} at step {step} (rank {rank}, lr {lr:.3g}); "
