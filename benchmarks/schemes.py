@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                         "base.optim.lr, else 1e-3)")
     parser.add_argument("--steps", type=int, help="training steps of every cell (default: the spec's, or the "
                         "claim's recipe's)")
+    parser.add_argument("--bf16", choices=["false", "true", "mixed"], help="the precision of every cell "
+                        "(deepspeed.bf16; default: the spec's resources.bf16)")
     args = parser.parse_args(argv)
     if args.claims and (args.specs or args.cells):
         parser.error("--claims trains the claims' own cells: give it without specs or --cells")
@@ -176,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         optim["lr"] = args.lr or optim.get("lr", 1e-3)
         if args.steps:
             optim["steps"] = args.steps
+        if args.bf16:
+            job["trial"].setdefault("deepspeed", {})["bf16"] = {"false": False, "true": True}.get(args.bf16, args.bf16)
         try:
             TrialConfig.model_validate(job["trial"])
         except ValueError as e:
             detail = describe_errors(e) if isinstance(e, ValidationError) else str(e)
-            print(f"error: {job['spec']} with --lr / --steps: {detail}", file=sys.stderr)
+            print(f"error: {job['spec']} with --lr / --steps / --bf16: {detail}", file=sys.stderr)
             return 2
     if not jobs:
         print(f"error: --cells {args.cells}: no cell of {[p.stem for p in paths]} matches", file=sys.stderr)

@@ -67,7 +67,7 @@ def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=2
     ids = torch.arange(seq)[None].expand(batch, seq)
     d_ff_llama = round(8 * d_model / 3)  # SwiGLU's 3 matrices hold what a 4x GELU MLP's 2 do
 
-    def ours(encoding, compiled=False):
+    def ours(encoding, compiled=False, mixed=False):
         torch.manual_seed(0)
         m = DecoderLM(ModelConfig(vocab_size=vocab, max_position=seq, d_model=d_model, n_layers=n_layers,
                                   n_heads=n_heads, encoding=encoding))
@@ -76,7 +76,8 @@ def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=2
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
 
         def step():
-            logits, _, _ = m(tokens[:, :-1], ids)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):  # what `deepspeed.bf16: mixed` does
+                logits, _, _ = m(tokens[:, :-1], ids)
             loss = F.cross_entropy(logits.reshape(-1, vocab).float(), tokens[:, 1:].reshape(-1))
             loss.backward()
             opt.step()
@@ -100,6 +101,7 @@ def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=2
     runs = {f"ours_{e}": ours(e) for e in ENCODINGS}  # every registered encoding
     if compile_too:
         runs["ours_rope_compiled"] = ours("rope", compiled=True)
+    runs["ours_rope_bf16_mixed"] = ours("rope", mixed=True)
     if LlamaConfig is not None:
         runs["hf_llama"] = llama()
     a = torch.randn(batch * seq, d_model)
@@ -144,6 +146,7 @@ def p1_train_step(d_model=256, n_layers=4, n_heads=4, seq=256, batch=16, vocab=2
         out["compile"] = {"compile_s": compile_s, "step_s_eager": med["ours_rope"],
                           "step_s_compiled": med["ours_rope_compiled"], "speedup": med["ours_rope"] / med["ours_rope_compiled"],
                           "steps_to_repay": compile_s / saved if saved > 0 else None}
+    out["bf16_mixed_speedup"] = med["ours_rope"] / med["ours_rope_bf16_mixed"]
     return out
 
 
@@ -162,6 +165,8 @@ def print_p1(r: dict) -> None:
         repay = "never (no faster)" if c["steps_to_repay"] is None else f"{c['steps_to_repay']:.0f} steps"
         print(f"  torch.compile (rope): {c['compile_s']:.1f} s to compile (empty inductor cache), step {c['step_s_eager'] * 1e3:.0f} -> "
               f"{c['step_s_compiled'] * 1e3:.0f} ms ({c['speedup']:.2f}x); repaid after {repay}")
+    if "bf16_mixed_speedup" in r:
+        print(f"  bf16 mixed (rope, torch.autocast): {r['bf16_mixed_speedup']:.2f}x the fp32 step's tokens/s")
 
 
 # --- P2 and P3: studies run as a user runs them -----------------------------------------------
@@ -612,6 +617,7 @@ DEFAULT_PARTS = ["P1", "P2", "P3", "P4", "P5"]  # P6 takes long: only when named
 HEADLINES = {  # (part, path into its result, what it is) for --compare
     "P1 rope vs HF Llama": ("P1", ["models", "ours_rope", "vs_hf_llama"]),
     "P1 rope of matmul": ("P1", ["models", "ours_rope", "of_matmul"]),
+    "P1 bf16 mixed / fp32": ("P1", ["bf16_mixed_speedup"]),
     "P2 1-worker start, warm (s)": ("P2", ["p2_1w_warm", "median", "total"]),
     "P2 2-worker overhead/trial (s)": ("P2", ["two_worker", "after", "overhead_per_trial"]),
     "P3 share in steps": ("P3", ["time/in_steps_share"]),

@@ -50,7 +50,7 @@ def plan_lines(spec: StudySpec, max_concurrent: int | None, concurrency_from: st
                         + (f", then {spec.replicas - 1} replica(s) of the selected config (new seeds)"
                            if spec.replicas > 1 else "")),
         f"  objective: {spec.objective.mode} {spec.objective.metric}; scheduler: {spec.scheduler.type}",
-        f"  per trial: {per_trial}, ZeRO-{r.zero_stage}{', bf16' if r.bf16 else ''}; "
+        f"  per trial: {per_trial}, ZeRO-{r.zero_stage}{'' if r.bf16 is False else ', bf16' + (' mixed' if r.bf16 == 'mixed' else '')}; "
         f"concurrent trials: {max_concurrent or 'as the cluster fits'}"
         + (f" ({concurrency_from})" if concurrency_from and max_concurrent else ""),
     ]

@@ -20,6 +20,7 @@ def test_p1_times_every_encoding_against_hf_llama():
         m = r["models"][name]
         assert m["tokens_per_s"] > 0 and m["gflops"] > 0 and m["non_embedding_params"] > 0, name
     assert "ours_rope_compiled" not in r["models"] and "compile" not in r
+    assert r["bf16_mixed_speedup"] > 0 and r["models"]["ours_rope_bf16_mixed"]["tokens_per_s"] > 0
     if "hf_llama" in r["models"]:
         assert r["models"]["hf_llama"]["vs_hf_llama"] == pytest.approx(1.0)
 

@@ -56,6 +56,14 @@ def test_the_cluster_holds_trials_by_its_node_types_and_max_workers():
     assert "concurrent trials: 2 (this machine's CPUs)" in "\n".join(plan_lines(cpu, 2, "this machine's CPUs"))
 
 
+def test_the_plan_names_the_precision_every_trial_takes():
+    lines = {v: "\n".join(plan_lines(load_spec(SCHEMES, overrides=[f"resources.bf16={v}"]), 2))
+             for v in ("false", "true", "mixed")}
+    assert "ZeRO-0;" in lines["false"] and "ZeRO-0, bf16;" in lines["true"] and "ZeRO-0, bf16 mixed;" in lines["mixed"]
+    mixed = load_spec(SCHEMES, overrides=["resources.bf16=mixed"])
+    assert mixed.trial_config(mixed.cells()[0], {}, 0)["deepspeed"]["bf16"] == "mixed"
+
+
 def test_set_changes_any_spec_field_before_validation():
     spec = load_spec(str(ROOT / "search_spaces" / "default.yaml"), overrides=[
         "name=default_gpu", "base.optim.steps=100", "resources.gpus_per_worker=1", "search.params.optim.lr="

@@ -143,6 +143,10 @@ def test_each_claim_trains_the_cells_of_its_own_recipe_once():
     assert train_lengths == {"schemes_abacus_train10": 10, "schemes_multiplication_coupled": 5,
                              "schemes_randomized_encoder": 8, "schemes_randomized_published": 8}
     assert {j["trial"]["model"]["output"] for j in jobs if j["trial"]["task"]["name"] == "reverse"} == {"encoder"}
+    # mixed precision only where it pays (d 256 x 4 layers; docs/speed.md): the 2-layer cells stay fp32
+    assert {j["spec"]: j["trial"]["deepspeed"]["bf16"] for j in jobs} == {
+        "schemes_abacus_train10": "mixed", "schemes_multiplication_coupled": False,
+        "schemes_randomized_encoder": False, "schemes_randomized_published": False}
     only, _ = claim_jobs([CLAIM["randomized_duplication_tokens"]], [12], None)
     assert {j["trial"]["task"]["name"] for j in only} == {"duplicate"} and len(only) == 2
 
@@ -190,3 +194,26 @@ def test_claims_are_judged_at_their_own_train_length_and_written_into_the_docs(t
     with pytest.raises(SystemExit) as exit_:  # a claim's cells are its own: not picked by hand too
         main(["--claims", "abacus_addition", "--cells", "name=reverse"])
     assert exit_.value.code == 2 and "--claims trains the claims' own cells" in capsys.readouterr().err
+
+
+def test_bf16_sets_the_precision_of_every_cell_it_trains(monkeypatch):
+    """`--bf16 false` reruns the Abacus claim's mixed-precision cells in fp32 (as its earlier figures
+    were measured); any other value is refused before a trial starts."""
+    import benchmarks.schemes as schemes
+
+    class Trained(Exception):
+        pass
+
+    def run_jobs(jobs, *args):
+        raise Trained(jobs)
+
+    monkeypatch.setattr(schemes, "run_jobs", run_jobs)
+    with pytest.raises(Trained) as trained:
+        main(["--claims", "abacus_addition", "--seeds", "0", "--bf16", "false"])
+    assert [j["trial"]["deepspeed"]["bf16"] for j in trained.value.args[0]] == [False, False]
+    with pytest.raises(Trained) as trained:
+        main(["--claims", "abacus_addition", "--seeds", "0"])
+    assert [j["trial"]["deepspeed"]["bf16"] for j in trained.value.args[0]] == ["mixed", "mixed"]
+    with pytest.raises(SystemExit) as refused:
+        main(["--claims", "abacus_addition", "--seeds", "0", "--bf16", "sometimes"])
+    assert refused.value.code == 2

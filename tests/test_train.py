@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from trial.config import TrialConfig
@@ -62,6 +63,27 @@ def test_bf16_step_runs_and_trains():
     rec = Recorder()
     train_loop_per_worker(config(deepspeed={"zero_stage": 2, "bf16": True}, optim={"steps": 12}), rec)
     assert rec.reports[-1]["val_loss"] < rec.reports[0]["val_loss"]
+
+
+def test_bf16_mixed_runs_the_engines_matmuls_in_bf16_and_keeps_fp32_weights():
+    """`bf16: mixed` is torch.autocast around the engine's forwards: their Linear layers compute in bf16
+    from fp32 weights, the evaluation points (the module called directly) stay fp32, and it trains."""
+    seen = []
+
+    def linear_dtypes(module, args, output):
+        if isinstance(module, torch.nn.Linear):
+            seen.append((output.dtype, module.weight.dtype, torch.is_autocast_enabled("cpu")))
+
+    with torch.nn.modules.module.register_module_forward_hook(linear_dtypes):
+        rec = Recorder()
+        out = train_loop_per_worker(config(deepspeed={"bf16": "mixed"}, optim={"steps": 12}), rec)
+    assert rec.reports[-1]["val_loss"] < rec.reports[0]["val_loss"]
+    assert {w for _, w, _ in seen} == {torch.float32}  # the weights are never cast
+    assert {o for o, _, on in seen if on} == {torch.bfloat16} and {o for o, _, on in seen if not on} == {torch.float32}
+    assert seen[-1][2] is False  # the last forwards are the evaluation points', in fp32
+    fp32 = train_loop_per_worker(config(optim={"steps": 12}))
+    assert out["metrics"]["val_loss"] != fp32["metrics"]["val_loss"]
+    assert out["metrics"]["val_loss"] == pytest.approx(fp32["metrics"]["val_loss"], rel=0.05)
 
 
 def test_same_config_and_seed_same_metrics():

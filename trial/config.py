@@ -30,6 +30,7 @@ from trial.limits import (
     MAX_SAMPLES,
     MAX_SEED,
     MAX_STEPS,
+    Bf16,
     Distinct,
     Strict,
     refuse_non_finite,
@@ -168,7 +169,7 @@ class OptimSpec(Strict):
 
 class DeepSpeedSpec(Strict):
     zero_stage: Literal[0, 1, 2, 3] = 0
-    bf16: bool = False
+    bf16: Bf16 = False
     compile: Literal["auto"] | bool = Field(
         "auto", description="torch.compile the training forward (DeepSpeed's engine.compile); evaluation "
         "and generation stay eager. auto: on with CUDA, off on CPU, where it does not pay (benchmarks P1)")

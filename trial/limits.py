@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's seeds are 32-bit
 # Sizes beyond these cannot be allocated on any one machine this platform targets; refusing them
@@ -54,6 +54,10 @@ def _distinct(values: list[int]) -> list[int]:
 
 
 Distinct = Annotated[list[int], AfterValidator(_distinct)]  # a list of values each given once
+Bf16 = Annotated[bool | Literal["mixed"], Field(description=(
+    "true: DeepSpeed's bf16 (weights, activations and evaluation in bf16, fp32 master weights); mixed: "
+    "torch.autocast (DeepSpeed's torch_autocast), the matmuls of the engine's forwards (training, "
+    "validation) in bf16, weights, optimizer and the evaluation points in fp32 (docs/speed.md, P1)"))]
 
 
 # --- what a trial holds in memory -------------------------------------------------------------------

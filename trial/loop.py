@@ -117,10 +117,10 @@ def deepspeed_config(cfg: TrialConfig, world_size: int) -> dict:
         },
         "gradient_clipping": o.grad_clip,
         "zero_optimization": {"stage": cfg.deepspeed.zero_stage},
-        "bf16": {"enabled": cfg.deepspeed.bf16},
+        "bf16": {"enabled": cfg.deepspeed.bf16 is True},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
-    }
+    } | ({"torch_autocast": {"enabled": True, "dtype": "bfloat16"}} if cfg.deepspeed.bf16 == "mixed" else {})
 
 
 def summarize(records: list[dict], cfg: TrialConfig) -> dict[str, float]:

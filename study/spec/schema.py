@@ -31,7 +31,7 @@ import analysis  # noqa: F401  (registers the analyses: trial configs take their
 from study.spec.plan_bounds import check_plan_size
 from trial import metrics
 from trial.config import TaskSpec, TrialConfig, selectable_metrics
-from trial.limits import MAX_SEED, Strict, fits, refuse_non_finite
+from trial.limits import MAX_SEED, Bf16, Strict, fits, refuse_non_finite
 from trial.yaml_io import RENAMED, describe_errors, load_yaml
 
 EXTRAPOLATION_METRICS = metrics.EXTRAPOLATION
@@ -122,7 +122,7 @@ class ResourcesSpec(Strict):
     cpus_per_worker: float = Field(1, ge=0.0001)
     gpus_per_worker: float = Field(0, ge=0)
     zero_stage: Literal[0, 1, 2, 3] = 0
-    bf16: bool = False
+    bf16: Bf16 = False
     max_concurrent_trials: int | None = Field(None, ge=1, description="default: what the cluster fits")
     max_failures: int = Field(1, ge=0, description="retries of a failed trial from its last checkpoint")
     warm_processes: bool = Field(True, description="a trial's process takes the study's next trial (its "
