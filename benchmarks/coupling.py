@@ -126,6 +126,7 @@ def _run_trial(job: dict) -> dict:
     rows = [
         {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"],
          "data_seed": job["trial"].get("data_seed"), "checkpoint": r.get("checkpoint", "last"),
+         **trained_with(job["trial"]),
          "length": r["length"], "k": r["k"], "ids": r["ids"], "own_ids": r["ids"] == own,
          "exact_match": r["exact_match"], "answer_token_acc": r.get("answer_token_acc"), "id_match": r.get("id_match")}
         for r in out["records"]
@@ -237,13 +238,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train nothing: the tables from the rows of earlier --json files (their seeds)")
 
 
+def trained_with(trial: dict) -> dict:
+    """The recipe a run trained with, kept on each of its rows: a table rebuilt from saved runs says
+    what they trained, not what the command that rebuilt it would train."""
+    from trial.config import TrialConfig
+
+    cfg = TrialConfig.model_validate(trial)
+    return {"steps": cfg.optim.steps, "lr": cfg.optim.lr, "bf16": cfg.deepspeed.bf16}
+
+
 def saved_runs(paths: list[str], jobs: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The rows and tracked series of earlier --json files that belong to `jobs` (spec, cell, seed)."""
-    wanted = {(j["spec"], j["cell"], j["trial"]["seed"]) for j in jobs}
+    """The rows and tracked series of earlier --json files that belong to `jobs` (spec, cell, seed).
+    Rows saved without their recipe (older files) take the job's: the command's --steps, --lr, --bf16."""
+    wanted = {(j["spec"], j["cell"], j["trial"]["seed"]): j for j in jobs}
     rows, series = [], []
     for path in paths:
         data = json.loads(Path(path).read_text())
-        rows += [{"checkpoint": "last", "data_seed": None, **r} for r in data["rows"]  # older files lack them
+        rows += [{"checkpoint": "last", "data_seed": None,  # older files lack them
+                  **trained_with(wanted[(r["spec"], r["cell"], r["seed"])]["trial"]), **r} for r in data["rows"]
                  if (r["spec"], r["cell"], r["seed"]) in wanted]
         series += [p for p in data.get("series", []) if (p["spec"], p["cell"], p["seed"]) in wanted]
     return rows, series

@@ -78,14 +78,33 @@ def task_of(task: dict) -> str:
     return task["name"] + (f" ({', '.join(how)})" if how else "")
 
 
+PRECISION = {False: "fp32", True: "bf16", "mixed": "bf16 mixed"}  # deepspeed.bf16's values
+
+
+def trained(rows) -> str:
+    """How a scheme's runs trained (steps, learning rate, precision), each recipe with its seeds (and
+    task) where they differ; blank for rows saved without it."""
+    if "steps" not in rows or rows.steps.isna().all():
+        return ""
+    several_tasks = rows.task.nunique() > 1
+    recipes = rows.groupby(["task", "steps", "lr", "bf16"], sort=False, dropna=False).seed.unique()
+    texts = [(f"{task}: " if several_tasks else "") + f"{int(steps):,} steps, lr {lr:g}, {PRECISION.get(bf16, bf16)}"
+             + (f" (seed{'s' * (len(seeds) > 1)} {', '.join(map(str, sorted(seeds)))})" if len(recipes) > 1 else "")
+             for (task, steps, lr, bf16), seeds in recipes.items()]
+    return "; ".join(texts)
+
+
 def scheme_table(table, train_length: int, metric: str = "exact_match") -> str:
     """A row per scheme, a column per task: `metric` at 2x / 3x (mean over runs), for exact match the
-    runs that reach EXTRAPOLATES at 2x in parentheses; then the literature's figure. A cell below FITS
-    exact at the train length reads "did not fit (its exact match there)"; cells not run (or run before
-    `metric` was measured) are blank."""
+    runs that reach EXTRAPOLATES at 2x in parentheses; then the literature's figure and how the runs
+    trained. Only runs at FITS exact or more at the train length count beyond it: a cell none of whose
+    runs fit reads "did not fit (their mean exact match there)", one where some did not says how many
+    and their figures; cells not run (or run before `metric` was measured) are blank."""
+    import pandas as pd
+
     far = [n for n in sorted(table.length.unique()) if n >= 2 * train_length][:2]
     tasks = list(dict.fromkeys(table.task))
-    lines = [f"| scheme | {' | '.join(tasks)} | published (setup) |", "|---|" + "---|" * (len(tasks) + 1)]
+    lines = [f"| scheme | {' | '.join(tasks)} | published (setup) | trained |", "|---|" + "---|" * (len(tasks) + 2)]
     for scheme, rows in table.groupby("scheme", sort=False):
         values = []
         for task in tasks:
@@ -93,16 +112,22 @@ def scheme_table(table, train_length: int, metric: str = "exact_match") -> str:
             if cell.empty or metric not in cell or cell[metric].isna().all():
                 values.append("")
                 continue
-            fit = cell[cell.length == train_length].exact_match.mean()
-            if not fit >= FITS:  # beyond the train length it says nothing about the scheme
-                values.append(f"did not fit ({fit:.2f})")
+            runs = [run for _, run in cell.groupby(["seed", "data_seed"], dropna=False)]
+            fit = pd.Series([run[run.length == train_length].exact_match.mean() for run in runs])
+            if not (fit >= FITS).any():  # beyond the train length it says nothing about the scheme
+                values.append(f"did not fit ({fit.mean():.2f})")
                 continue
+            # a run that did not fit is left out of the figures beyond the train length, as from the claims
+            cell = pd.concat([run for run, fits in zip(runs, fit >= FITS) if fits])
             means = " / ".join(f"{cell[cell.length == n][metric].mean():.2f}" for n in far)
             if metric == "exact_match":
-                runs = per_run(cell, far[0]) if far else cell.groupby(["seed", "data_seed"], dropna=False).exact_match.mean()
+                runs = per_run(cell, far[0]) if far else per_run(cell, train_length)
                 means += f" ({int((runs >= EXTRAPOLATES).sum())}/{len(runs)})"
+            unfit = fit[fit < FITS]
+            if len(unfit):
+                means += f"; {len(unfit)} of {len(fit)} runs did not fit ({', '.join(f'{v:.2f}' for v in unfit)})"
             values.append(means)
-        lines.append(f"| {scheme} | " + " | ".join(values) + f" | {LITERATURE.get(scheme, '')} |")
+        lines.append(f"| {scheme} | " + " | ".join(values) + f" | {LITERATURE.get(scheme, '')} | {trained(rows)} |")
     return "\n".join(lines)
 
 
@@ -214,7 +239,6 @@ def main(argv: list[str] | None = None) -> int:
     names = {(j["spec"], j["cell"]): j for j in unique}
     table["scheme"] = [scheme_of(names[(s, c)]["factors"], names[(s, c)]["trial"]) for s, c in zip(table.spec, table.cell)]
     table["task"] = [task_of(names[(s, c)]["trial"]["task"]) for s, c in zip(table.spec, table.cell)]
-    table["steps"] = [names[(s, c)]["trial"]["optim"].get("steps") for s, c in zip(table.spec, table.cell)]
     table["train_length"] = table.spec.map(train_lengths)
     table = table[table.own_ids & (table.checkpoint == "last")]
     samples = min(TrialConfig.model_validate(j["trial"]).eval.samples_per_point for j in unique)
@@ -224,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         steps = sorted(set(group.steps))
         header = (f"Exact match at {' / '.join(f'{n / train_length:g}x' for n in sorted(group.length.unique()) if n >= 2 * train_length)}"
                   f" (mean over seeds {args.seeds}), in parentheses the runs >= {EXTRAPOLATES} at 2x; train <= "
-                  f"{train_length}, lr {lrs}, {', '.join(map(str, steps))} steps:\n\n")
+                  f"{train_length}, lr {'/'.join(f'{lr:g}' for lr in sorted(set(group.lr)))}, "
+                  f"{', '.join(map(str, steps))} steps:\n\n")
         print()
         print(tables(group, train_length, header))
         if args.docs:

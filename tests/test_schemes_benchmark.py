@@ -37,7 +37,8 @@ def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_se
     2x / 3x and the runs that reach 0.95 at 2x; a cell below 0.95 exact at the train length reads
     "did not fit" and fails every claim that needs it; a claim that one scheme beats another holds
     only when every seed's paired difference is above two standard errors of it (one sample in 256 is
-    not a result); a claim whose cells were not run in its recipe's spec is not judged."""
+    not a result); a claim whose cells were not run in its recipe's spec is not judged; a run that
+    did not fit is left out of the table beyond the train length, and counted."""
     random_ = {"positional.encoding": "learned", "positional.ids": "randomized", "positional.max_position": 96,
                "task.name": "reverse"}
     assert scheme_of(random_) == "learned, randomized" and scheme_of({"positional.abacus": True}).endswith("abacus")
@@ -71,6 +72,9 @@ def test_the_schemes_table_compares_only_cells_that_fit_and_claims_need_every_se
     one_unfit.loc[(one_unfit.scheme == SEQUENTIAL) & (one_unfit.seed == 1) & (one_unfit.length == 8),
                   "exact_match"] = 0.9
     assert judge(CLAIM["randomized_reversal_exact"], one_unfit, 256)[0] is False  # one pair left: too few
+    partly = good.copy()  # a run that did not fit is left out beyond the train length, and said so
+    partly.loc[(partly.scheme == RANDOMIZED) & (partly.seed == 2) & (partly.length == 8), "exact_match"] = 0.84
+    assert f"| {RANDOMIZED} | 0.75 / 0.75 (1/2); 1 of 3 runs did not fit (0.84) |" in scheme_table(partly, 8)
     unfit = reversal((1.0, 0.5, 0.97), (0.0, 0.0, 0.0), fit=(1.0, 0.40))
     assert f"| {SEQUENTIAL} | did not fit (0.40) |" in scheme_table(unfit, 8)
     holds, figures = judge(CLAIM["randomized_reversal_exact"], unfit, 256)
@@ -217,3 +221,36 @@ def test_bf16_sets_the_precision_of_every_cell_it_trains(monkeypatch):
     with pytest.raises(SystemExit) as refused:
         main(["--claims", "abacus_addition", "--seeds", "0", "--bf16", "sometimes"])
     assert refused.value.code == 2
+
+
+def test_a_table_rebuilt_from_saved_runs_says_how_each_run_trained(tmp_path, capsys):
+    """Runs keep their recipe (steps, lr, precision) on their rows: a table rebuilt with `--from-json`
+    names it per scheme, with the seeds of each where seeds trained apart, whatever the rebuilding
+    command's --steps / --bf16 say; rows saved without it (older files) take the command's."""
+    claim = CLAIM["abacus_addition"]
+    data = json.loads(saved_claim_runs(tmp_path / "runs.json", [claim], abacus_at_2x=0.9).read_text())
+    new = [{**r, "steps": 8000, "lr": 3e-4, "bf16": "mixed"} for r in data["rows"] if r["seed"] == 1]
+    (tmp_path / "new.json").write_text(json.dumps({"seeds": [1], "rows": new}))
+    (tmp_path / "old.json").write_text(json.dumps({"seeds": [0], "rows": [r for r in data["rows"] if r["seed"] == 0]}))
+    assert main(["--claims", claim.name, "--seeds", "0", "1", "--steps", "4000", "--bf16", "false",
+                 "--from-json", str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 0
+    abacus = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| nope, sequential, abacus"))
+    assert abacus.endswith("| 4,000 steps, lr 0.0003, fp32 (seed 0); 8,000 steps, lr 0.0003, bf16 mixed (seed 1) |")
+    assert main(["--claims", claim.name, "--seeds", "1", "--from-json", str(tmp_path / "new.json")]) == 0
+    abacus = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| nope, sequential, abacus"))
+    assert abacus.endswith("| 8,000 steps, lr 0.0003, bf16 mixed |")  # one recipe: no seeds to tell apart
+
+
+def test_a_trained_run_saves_its_recipe_on_every_row(tmp_path):
+    """A real trial in a spawned worker (1 layer of d 32, 4 steps): each row it saves names the
+    steps, learning rate and precision it trained with, as `--from-json` reads them back."""
+    from benchmarks.coupling import jobs_for, run_jobs
+    from benchmarks.field_claims import SPACES
+
+    jobs, _ = jobs_for(SPACES / "smoke.yaml", [3], None, ["train_length=8"])
+    jobs[0]["trial"]["optim"].update(steps=4, warmup_steps=1, lr=2e-3)
+    jobs[0]["trial"]["eval"].update(every_steps=4, lengths=[8])
+    rows, *_ = run_jobs(jobs[:1], 1, str(tmp_path / "runs.json"), [3])
+    saved = json.loads((tmp_path / "runs.json").read_text())["rows"]
+    assert rows and saved == rows
+    assert {(r["steps"], r["lr"], r["bf16"]) for r in saved} == {(4, 2e-3, False)}
