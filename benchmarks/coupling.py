@@ -123,10 +123,10 @@ def _run_trial(job: dict) -> dict:
         session = Tracking(quiet)
         out = train_loop_per_worker(job["trial"], session)
     own = TrialConfig.model_validate(job["trial"]).positional.scheme.own_ids
+    recipe = trained_with(job["trial"])
     rows = [
         {"spec": job["spec"], "cell": job["cell"], "seed": job["trial"]["seed"],
-         "data_seed": job["trial"].get("data_seed"), "checkpoint": r.get("checkpoint", "last"),
-         **trained_with(job["trial"]),
+         "data_seed": job["trial"].get("data_seed"), "checkpoint": r.get("checkpoint", "last"), **recipe,
          "length": r["length"], "k": r["k"], "ids": r["ids"], "own_ids": r["ids"] == own,
          "exact_match": r["exact_match"], "answer_token_acc": r.get("answer_token_acc"), "id_match": r.get("id_match")}
         for r in out["records"]
@@ -250,14 +250,14 @@ def trained_with(trial: dict) -> dict:
 def saved_runs(paths: list[str], jobs: list[dict]) -> tuple[list[dict], list[dict]]:
     """The rows and tracked series of earlier --json files that belong to `jobs` (spec, cell, seed).
     Rows saved without their recipe (older files) take the job's: the command's --steps, --lr, --bf16."""
-    wanted = {(j["spec"], j["cell"], j["trial"]["seed"]): j for j in jobs}
+    recipes = {(j["spec"], j["cell"], j["trial"]["seed"]): trained_with(j["trial"]) for j in jobs}
     rows, series = [], []
     for path in paths:
         data = json.loads(Path(path).read_text())
         rows += [{"checkpoint": "last", "data_seed": None,  # older files lack them
-                  **trained_with(wanted[(r["spec"], r["cell"], r["seed"])]["trial"]), **r} for r in data["rows"]
-                 if (r["spec"], r["cell"], r["seed"]) in wanted]
-        series += [p for p in data.get("series", []) if (p["spec"], p["cell"], p["seed"]) in wanted]
+                  **recipes[(r["spec"], r["cell"], r["seed"])], **r} for r in data["rows"]
+                 if (r["spec"], r["cell"], r["seed"]) in recipes]
+        series += [p for p in data.get("series", []) if (p["spec"], p["cell"], p["seed"]) in recipes]
     return rows, series
 
 
