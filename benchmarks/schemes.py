@@ -5,8 +5,8 @@ per scheme and a column per task, beside each scheme the literature's published 
     python -m benchmarks.schemes --claims abacus_addition --seeds 12         # one claim's cells
     python -m benchmarks.schemes search_spaces/schemes_by_task.yaml --cells name=reverse --steps 2000
 
-Without specs or `--cells` it trains the cells each claim of benchmarks/field_claims.py needs, in
-its recipe, and prints one line per claim, `claim <name>: holds (...)` or `fails (...)`, exiting 1
+Without specs or `--cells` it trains the cells each claim of benchmarks/field_claims.py needs (but
+a claim on request, which `--claims NAME` names), in its recipe, and prints one line per claim, `claim <name>: holds (...)` or `fails (...)`, exiting 1
 when one fails. With specs or `--cells` (of schemes_by_task and its Abacus sibling when no spec is
 named) it trains those cells and judges the claims whose recipe's cells ran. Every cell trains at a
 fixed learning rate (`--lr`; the study searches it per cell with Optuna) and is scored as `python -m
@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                         "with --cells, schemes_by_task and its Abacus sibling)")
     add_run_arguments(parser)
     parser.add_argument("--claims", nargs="+", choices=[c.name for c in FIELD_CLAIMS], metavar="CLAIM",
-                        help=f"only these claims' cells and verdicts ({', '.join(c.name for c in FIELD_CLAIMS)})")
+                        help=f"only these claims' cells and verdicts ({', '.join(c.name for c in FIELD_CLAIMS)}; "
+                        f"default: all but {', '.join(c.name for c in FIELD_CLAIMS if c.on_request)}, on request)")
     parser.add_argument("--lr", type=float, help="the learning rate of every cell (default: the spec's "
                         "base.optim.lr, else 1e-3)")
     parser.add_argument("--steps", type=int, help="training steps of every cell (default: the spec's, or the "
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.claims and (args.specs or args.cells):
         parser.error("--claims trains the claims' own cells: give it without specs or --cells")
     by_claims = not (args.specs or args.cells)
-    claims = [c for c in FIELD_CLAIMS if not args.claims or c.name in args.claims]
+    # the command alone checks all but the claims on request; named cells are judged by every claim they serve
+    claims = [c for c in FIELD_CLAIMS if (c.name in args.claims if args.claims else not (by_claims and c.on_request))]
     paths = [Path(p) for p in args.specs] or [ROOT / "search_spaces" / f"{s}.yaml" for s in SPECS]
 
     import pandas as pd
@@ -243,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     table = table[table.own_ids & (table.checkpoint == "last")]
     samples = min(TrialConfig.model_validate(j["trial"]).eval.samples_per_point for j in unique)
     lines, failures = check_field_claims(table, samples, claims)
+    lines += [f"claim {c.name}: not run (on request: --claims {c.name})  [{c.source}]"
+              for c in FIELD_CLAIMS if c.on_request and by_claims and not args.claims]
     seeds = f" seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0, 1, 2] else ""
     for train_length, group in table.groupby("train_length"):  # a table per train length: 2x means one thing
         steps = sorted(set(group.steps))

@@ -1,15 +1,16 @@
 """The platform's speed, as ratios measured side by side in one run (this machine is shared and noisy).
 
-    python -m benchmarks.suite                      # P1-P4 here, P5 where CUDA is present
+    python -m benchmarks.suite                      # P1-P4 and P7 here, P5 where CUDA is present
     python -m benchmarks.suite --only P1 P4 --json bench.json
     python -m benchmarks.suite --compare old.json   # print the ratios next to an earlier run's
 
 P1 the model's training step against Hugging Face Llama, P2 trial start, P3 the share of a study in
 train and eval steps, P4 KV-cached generation and data generation, P5 (CUDA only) bf16 tokens/s and
 MFU under DeepSpeed ZeRO-2, P6 (only when named: `--only P6`) the study platform at scale
-(benchmarks/scale.py). Every ratio is a median over interleaved repeats. Results go to stdout and,
-with --json, to a file a later run can be compared with (--compare). What each part measures, and
-its figures: docs/speed.md (P1-P5) and docs/scale.md (P6).
+(benchmarks/scale.py), P7 a step of the field claims' cells in length groups against one padded
+batch. Every ratio is a median over interleaved repeats. Results go to stdout and, with --json, to a
+file a later run can be compared with (--compare). What each part measures, and
+its figures: docs/speed.md (P1-P5, P7) and docs/scale.md (P6).
 """
 
 from __future__ import annotations
@@ -597,6 +598,73 @@ def print_p5(r: dict) -> None:
         print(f"  torch.compile: {c['compile_s']:.1f} s to compile, {c['speedup']:.2f}x per step; repaid after {repay}")
 
 
+# --- P7 --------------------------------------------------------------------------------------
+def p7_length_groups(steps: int = 24, claims: tuple[str, ...] | None = None, groups: int = 4) -> dict:
+    """A training step of each field claim's cell (benchmarks/field_claims.py) on its own batches: one
+    batch padded to its longest sequence against the same batch in `groups` length groups
+    (`optim.length_groups`), interleaved step by step, with the share of the computed tokens that
+    are not padding. The module and AdamW as the engine runs them (autocast where the spec says
+    `bf16: mixed`), without DeepSpeed, whose step is the same either way."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a trial runs on one core here
+    try:
+        return _p7_cells(steps, claims, groups)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _p7_cells(steps: int, claims: tuple[str, ...] | None, groups: int) -> dict:
+    import contextlib
+
+    from benchmarks.field_claims import FIELD_CLAIMS, claim_jobs
+    from trial.batches import StepBatches
+    from trial.config import TrialConfig
+    from trial.evaluate import Tensors, token_loss
+
+    out = {}
+    jobs, _ = claim_jobs([c for c in FIELD_CLAIMS if claims is None or c.name in claims], [0], None)
+    for job in jobs:
+        cfg = TrialConfig.model_validate(job["trial"])
+        name = f"{cfg.task.name}, {cfg.positional.encoding}, {cfg.positional.ids}" + \
+            (", abacus" if cfg.positional.abacus else "") + (", encoder" if cfg.model.output == "encoder" else "")
+        if name in out:
+            continue
+        task = cfg.task_instance
+        torch.manual_seed(0)
+        model = cfg.build_model(len(task.vocab))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        batches = StepBatches(task, cfg.positional.scheme, cfg.optim.batch_size, 0, 0, 1, steps)
+        mixed = torch.autocast("cpu", torch.bfloat16) if cfg.deepspeed.bf16 == "mixed" else contextlib.nullcontext()
+        times, computed, real = {1: [], groups: []}, {1: 0, groups: 0}, 0
+        for item in (batches[i] for i in range(len(batches))):  # a Dataset: no end of its own when iterated
+            x = Tensors(item["tokens"], item["ids"], item["loss_mask"], item["answer_mask"], item.get("places"))
+            real += item["tokens_seen"]
+            for k in times:
+                def step(k=k, x=x):
+                    with mixed:
+                        loss, _, _ = token_loss(model, model, x, 0.0, k)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                times[k] += _timed(step, 1)
+                computed[k] += sum(g.tokens.numel() for g in x.by_length(k))
+        one, grouped = statistics.median(times[1][2:] or times[1]), statistics.median(times[groups][2:] or times[groups])
+        out[name] = {"model": f"{cfg.model.n_layers} layers of d {cfg.model.d_model}", "bf16": cfg.deepspeed.bf16,
+                     "one_batch_s": one, "grouped_s": grouped, "speedup": one / grouped, "groups": groups,
+                     "not_padding_one": real / computed[1], "not_padding_grouped": real / computed[groups]}
+    return out
+
+
+def print_p7(r: dict) -> None:
+    print("P7 a step of each field claim's cell on its own batches: one padded batch vs length groups "
+          "(optim.length_groups), interleaved, one thread")
+    for name, c in r.items():
+        if isinstance(c, dict):
+            print(f"  {name:<42}{c['model']:<20} one batch {c['one_batch_s'] * 1e3:>7.1f} ms "
+                  f"({c['not_padding_one']:.0%} not padding), {c['groups']} groups {c['grouped_s'] * 1e3:>7.1f} ms "
+                  f"({c['not_padding_grouped']:.0%}): {c['speedup']:.2f}x")
+
+
 # --- P6 --------------------------------------------------------------------------------------
 def p6_scale(trials=(100, 300), nodes: int = 2, profile_dir: str | None = None) -> dict:
     """The platform at scale on a simulated multi-node cluster (benchmarks/scale.py)."""
@@ -612,8 +680,9 @@ def print_p6(r: dict) -> None:
 
 
 PARTS = {"P1": (p1_train_step, print_p1), "P2": (p2_trial_start, print_p2), "P3": (p3_study_share, print_p3),
-         "P4": (p4_generation_and_data, print_p4), "P5": (p5_gpu, print_p5), "P6": (p6_scale, print_p6)}
-DEFAULT_PARTS = ["P1", "P2", "P3", "P4", "P5"]  # P6 takes long: only when named
+         "P4": (p4_generation_and_data, print_p4), "P5": (p5_gpu, print_p5), "P6": (p6_scale, print_p6),
+         "P7": (p7_length_groups, print_p7)}
+DEFAULT_PARTS = ["P1", "P2", "P3", "P4", "P5", "P7"]  # P6 takes long: only when named
 HEADLINES = {  # (part, path into its result, what it is) for --compare
     "P1 rope vs HF Llama": ("P1", ["models", "ours_rope", "vs_hf_llama"]),
     "P1 rope of matmul": ("P1", ["models", "ours_rope", "of_matmul"]),
@@ -623,6 +692,7 @@ HEADLINES = {  # (part, path into its result, what it is) for --compare
     "P3 share in steps": ("P3", ["time/in_steps_share"]),
     "P4 cache speed-up at 4x": ("P4", ["generation", "4x", "speedup"]),
     "P6 overhead/trial at N=100 (ms)": ("P6", ["100", "driver_overhead_ms_per_trial"]),
+    "P7 length groups, reversal encoder": ("P7", ["reverse, learned, sequential, encoder", "speedup"]),
 }
 
 

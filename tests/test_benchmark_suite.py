@@ -1,4 +1,4 @@
-"""benchmarks/suite.py's parts P1, P4 and P5 run as a user runs them, at sizes for CI: a part that
+"""benchmarks/suite.py's parts P1, P4, P5 and P7 run as a user runs them, at sizes for CI: a part that
 rots (an import the restructure moved, a model option renamed) fails here, not in front of a user.
 The figures themselves are machine-dependent and belong to the benchmark, not to assertions here."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from benchmarks.suite import p1_train_step, p4_generation_and_data, p5_gpu
+from benchmarks.suite import p1_train_step, p4_generation_and_data, p5_gpu, p7_length_groups
 
 
 def test_p1_times_every_encoding_against_hf_llama():
@@ -38,3 +38,11 @@ def test_p4_generation_with_the_cache_writes_the_same_tokens_and_trial_configs_s
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, P5 runs for minutes: run it as a benchmark")
 def test_p5_says_it_needs_a_gpu_on_a_cpu_machine():
     assert "no CUDA" in p5_gpu()["skipped"]
+
+
+def test_p7_times_a_claims_cells_in_length_groups_and_counts_the_padding_they_skip():
+    r = p7_length_groups(steps=2, claims=("randomized_reversal_tokens",))
+    assert set(r) == {"reverse, learned, sequential, encoder", "reverse, learned, randomized, encoder"}
+    for row in r.values():
+        assert row["one_batch_s"] > 0 and row["grouped_s"] > 0 and row["speedup"] > 0
+        assert 0 < row["not_padding_one"] < row["not_padding_grouped"] <= 1

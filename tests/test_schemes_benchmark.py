@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.field_claims import FIELD_CLAIMS, check_field_claims, claim_jobs, judge
 from benchmarks.schemes import LITERATURE, main, scheme_of, scheme_table
+from trial.config import TrialConfig
 
 CLAIM = {c.name: c for c in FIELD_CLAIMS}
 
@@ -151,6 +152,10 @@ def test_each_claim_trains_the_cells_of_its_own_recipe_once():
     assert {j["spec"]: j["trial"]["deepspeed"]["bf16"] for j in jobs} == {
         "schemes_abacus_train10": "mixed", "schemes_multiplication_coupled": False,
         "schemes_randomized_encoder": False, "schemes_randomized_published": False}
+    # length groups where a third of a padded batch is padding (docs/speed.md, P7); multiplication's is a sixth
+    assert {j["spec"]: TrialConfig.model_validate(j["trial"]).optim.length_groups for j in jobs} == {
+        "schemes_abacus_train10": 4, "schemes_multiplication_coupled": 1,
+        "schemes_randomized_encoder": 4, "schemes_randomized_published": 4}
     only, _ = claim_jobs([CLAIM["randomized_duplication_tokens"]], [12], None)
     assert {j["trial"]["task"]["name"] for j in only} == {"duplicate"} and len(only) == 2
 
@@ -198,6 +203,20 @@ def test_claims_are_judged_at_their_own_train_length_and_written_into_the_docs(t
     with pytest.raises(SystemExit) as exit_:  # a claim's cells are its own: not picked by hand too
         main(["--claims", "abacus_addition", "--cells", "name=reverse"])
     assert exit_.value.code == 2 and "--claims trains the claims' own cells" in capsys.readouterr().err
+
+
+def test_the_command_alone_checks_all_but_the_claims_on_request(tmp_path, capsys):
+    """A claim on request (duplication, at chance in both schemes at this scale) trains only when named:
+    the command alone trains the other claims' cells, judges them, and says how to ask for it."""
+    assert [c.name for c in FIELD_CLAIMS if c.on_request] == ["randomized_duplication_tokens"]
+    default = [c for c in FIELD_CLAIMS if not c.on_request]
+    saved = saved_claim_runs(tmp_path / "runs.json", default, abacus_at_2x=0.9)  # no duplication runs in it
+    assert main(["--seeds", "0", "1", "--from-json", str(saved)]) == 1  # multiplication's 0.0 fails
+    out = capsys.readouterr().out
+    for claim in default:
+        assert f"claim {claim.name}: holds" in out or f"claim {claim.name}: fails" in out
+    assert "claim randomized_duplication_tokens: not run (on request: --claims randomized_duplication_tokens)" in out
+    assert out.count("claim randomized_duplication_tokens") == 1  # not also judged
 
 
 def test_bf16_sets_the_precision_of_every_cell_it_trains(monkeypatch):

@@ -9,11 +9,10 @@ cluster is touched (files are read by trial/yaml_io.py).
 from __future__ import annotations
 
 import dataclasses
-from functools import cached_property, lru_cache
+from functools import cached_property
 from itertools import product
 from typing import Annotated, Any, Literal
 
-import torch
 from pydantic import Field, model_serializer, model_validator
 
 import tasks
@@ -33,6 +32,7 @@ from trial.limits import (
     Bf16,
     Distinct,
     Strict,
+    parameters_of_layers,
     refuse_non_finite,
 )
 from trial.yaml_io import accept_old_names, load_yaml
@@ -42,16 +42,6 @@ from trial.yaml_io import accept_old_names, load_yaml
 MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)}
 MODEL_FIELD_NAMES = {"model.embed_init_std": "tok_init_std", "positional.init_std": "pos_init_std",
                      "positional.frozen": "pos_frozen"}
-
-
-@lru_cache(maxsize=1024)
-def _parameters_of_layers(one_layer: ModelConfig) -> tuple[int, int]:
-    """(parameters of the 1-layer model, parameters of each further layer), from models of 1 and 2
-    layers built on the meta device (no memory, but a build per config a spec validates: hence the cache)."""
-    with torch.device("meta"):
-        one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(one_layer, n_layers=n)).parameters())
-                    for n in (1, 2))
-    return one, two - one
 
 
 class TaskSpec(Strict):
@@ -159,11 +149,15 @@ class OptimSpec(Strict):
     batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="global batch, split over workers")
     grad_clip: float = Field(1.0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine decay ends at lr x this")
+    length_groups: int = Field(1, ge=1, le=64, description="a step's batch run in this many groups of similar "
+                               "length, each padded to its own longest row: the batch's loss, on less padding")
 
     @model_validator(mode="after")
     def _warmup_ends(self) -> OptimSpec:
         if self.warmup_steps > self.steps:  # the learning rate would never reach its peak
             raise ValueError(f"warmup_steps: {self.warmup_steps} is more than steps {self.steps}")
+        if self.length_groups > self.batch_size:
+            raise ValueError(f"length_groups: {self.length_groups} is more than batch_size {self.batch_size}")
         return self
 
 
@@ -292,9 +286,9 @@ class TrialConfig(Strict):
 
     def n_parameters(self) -> int:
         """Parameter count of `build_model`, exact, without allocating it (every config is checked
-        against MAX_PARAMETERS, one per suggested trial: _parameters_of_layers caches)."""
+        against MAX_PARAMETERS, one per suggested trial: parameters_of_layers caches)."""
         arch = self.architecture(len(self.task_instance.vocab))
-        first, per_layer = _parameters_of_layers(dataclasses.replace(arch, n_layers=1))
+        first, per_layer = parameters_of_layers(dataclasses.replace(arch, n_layers=1))
         return first + (arch.n_layers - 1) * per_layer
 
     def ids_needed(self, length: int, k: int | None) -> int:
@@ -322,6 +316,12 @@ class TrialConfig(Strict):
                                  (self.analyses, f"the analyses ({', '.join(self.analyses)}) measure decoders")):
                 if refused:
                     raise ValueError(f"model.output: an encoder answers a prompt at once: {why}")
+        for refused, why in ((p.scheme.has_position_head, "PPC's position loss (ids: predicted) averages over the "
+                              "tokens its head can score, which groups cannot weight; use 1"),
+                             (p.abacus and p.abacus_offset == "batch", "Abacus's offset drawn once per batch "
+                              "(positional.abacus_offset: batch) would be drawn once per group; use sample, or 1")):
+            if refused and self.optim.length_groups > 1:
+                raise ValueError(f"optim.length_groups: {why}")
         if self.eval.ks is not None and not task.uses_k:
             raise ValueError(f"eval.ks: task {task.name!r} has no k axis; drop eval.ks")
         params = self.n_parameters()

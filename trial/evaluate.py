@@ -64,6 +64,21 @@ class Tensors:
             return self.tokens, self.answer_mask
         return self.tokens[:, 1:], self.loss_mask[:, 1:]
 
+    def by_length(self, groups: int) -> list[Tensors]:
+        """The rows in `groups` groups of similar length (shortest first), each cut to its longest
+        row: padding past a row's end is neither attended (causal, or hidden from an encoder) nor
+        scored, so each row's outputs are the same, on less padding to compute."""
+        T = self.tokens.shape[1]
+        at = torch.arange(1, T + 1, device=self.tokens.device)
+        lengths = torch.where(self.tokens != PAD_ID, at, 0).amax(1)  # a row's last token + 1
+        out = []
+        for rows in torch.tensor_split(torch.argsort(lengths, stable=True), groups):
+            if len(rows):
+                width = int(lengths[rows].max())
+                out.append(Tensors(*(None if t is None else t[rows, :width] for t in
+                                     (self.tokens, self.ids, self.loss_mask, self.answer_mask, self.places))))
+        return out
+
 
 def with_places(task: Task, batch: Batch, scheme: PositionalScheme) -> Batch:
     """The batch with its digit places where the model takes them (positional.abacus)."""
@@ -73,15 +88,27 @@ def with_places(task: Task, batch: Batch, scheme: PositionalScheme) -> Batch:
 
 
 def token_loss(
-    model, module: DecoderLM, x: Tensors, position_loss_weight: float
-) -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, torch.Tensor | None]]:
+    model, module: DecoderLM, x: Tensors, position_loss_weight: float, groups: int = 1
+) -> tuple[torch.Tensor, dict[str, float], tuple[torch.Tensor, torch.Tensor | None] | None]:
     """Cross-entropy on target tokens (the next token's, or an encoder's at its placeholders);
     under PPC plus the weighted loss of the next-id head.
 
     `model` is what is called (a DeepSpeed engine or the module itself); `module` the DecoderLM.
-    Returns the loss, its parts, and the logits (for accuracy without a second pass).
+    Returns the loss, its parts, and the logits (for accuracy without a second pass). With `groups`
+    > 1 (`optim.length_groups`, no position head) the batch is run in groups of similar length
+    (`Tensors.by_length`) and the loss is the same mean over all its target tokens; no logits.
     """
     encoder = is_encoder(module)
+    if groups > 1:
+        total = x.targets(encoder)[1].sum()
+        lm_loss = 0.0
+        for g in x.by_length(groups):
+            logits, _, _ = model(**g.inputs(encoder))
+            target, mask = g.targets(encoder)
+            lm_loss = lm_loss + F.cross_entropy(logits[mask].float(), target[mask], reduction="sum")
+        loss = lm_loss / total
+        value = loss.item()
+        return loss, {"lm_loss": value, "loss": value}, None
     logits, pos_logits, _ = model(**x.inputs(encoder))
     target, mask = x.targets(encoder)
     lm_loss = F.cross_entropy(logits[mask].float(), target[mask])

@@ -8,12 +8,17 @@ against the memory the trial is given (`estimate`, `fits`: below).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from models import DecoderLM, ModelConfig
 
 MAX_SEED = 2**32 - 1  # numpy's and Optuna's seeds are 32-bit
 # Sizes beyond these cannot be allocated on any one machine this platform targets; refusing them
@@ -195,3 +200,13 @@ def fits(cfg, workers: int = 1, gpus_per_worker: float = 0, on_this_machine: boo
     return (f"{top.field}: a trial would hold about {total / GiB:,.1f} GiB per worker, beyond the "
             f"{limit / GiB:,.1f} GiB it is given ({source}); the largest part is {top.what} "
             f"({top.bytes / GiB:,.1f} GiB) (the estimate: trial/limits.py)")
+
+
+@lru_cache(maxsize=1024)
+def parameters_of_layers(one_layer: ModelConfig) -> tuple[int, int]:
+    """(parameters of the 1-layer model, parameters of each further layer), from models of 1 and 2
+    layers built on the meta device (no memory, but a build per config a spec validates: hence the cache)."""
+    with torch.device("meta"):
+        one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(one_layer, n_layers=n)).parameters())
+                    for n in (1, 2))
+    return one, two - one

@@ -222,7 +222,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
                         cfg.task.train_set_size)
     t = time.time()
     for step, x, tokens in training_batches(steps, cfg.deepspeed.data_workers, device):
-        loss, parts, _ = token_loss(engine, model, x, w)
+        loss, parts, _ = token_loss(engine, model, x, w, cfg.optim.length_groups)
         if not math.isfinite(parts["loss"]):  # parts hold floats already: no extra device sync
             lr = engine.lr_scheduler.get_last_lr()[0]
             raise Diverged(f"loss: {parts['loss']} at step {step} (rank {rank}, lr {lr:.3g}); "
