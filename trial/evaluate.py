@@ -71,13 +71,11 @@ class Tensors:
         T = self.tokens.shape[1]
         at = torch.arange(1, T + 1, device=self.tokens.device)
         lengths = torch.where(self.tokens != PAD_ID, at, 0).amax(1)  # a row's last token + 1
-        out = []
-        for rows in torch.tensor_split(torch.argsort(lengths, stable=True), groups):
-            if len(rows):
-                width = int(lengths[rows].max())
-                out.append(Tensors(*(None if t is None else t[rows, :width] for t in
-                                     (self.tokens, self.ids, self.loss_mask, self.answer_mask, self.places))))
-        return out
+        split = [rows for rows in torch.tensor_split(torch.argsort(lengths, stable=True), groups) if len(rows)]
+        widths = torch.stack([lengths[rows].max() for rows in split]).tolist()  # one read back, not one a group
+        return [Tensors(*(None if t is None else t[rows, :width] for t in
+                          (self.tokens, self.ids, self.loss_mask, self.answer_mask, self.places)))
+                for rows, width in zip(split, widths)]
 
 
 def with_places(task: Task, batch: Batch, scheme: PositionalScheme) -> Batch:
