@@ -333,6 +333,7 @@ def plot_gap(records: pd.DataFrame, path: str, title: str = "") -> str:
     ax.set_ylabel("L_short - L_short,sparse(k) (k tokens)")
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=150)
+    fig.set_layout_engine("none")  # the PDF keeps the PNG's layout
     fig.savefig(os.path.splitext(path)[0] + ".pdf", metadata={"CreationDate": None})
     plt.close(fig)
     return path

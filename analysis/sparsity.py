@@ -319,6 +319,7 @@ def plot_k(table: pd.DataFrame, k_max: int, path: str, title: str = "") -> str:
     ax.set_ylabel("targets")
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=150)
+    fig.set_layout_engine("none")  # the PDF keeps the PNG's layout
     fig.savefig(os.path.splitext(path)[0] + ".pdf", metadata={"CreationDate": None})
     plt.close(fig)
     return path

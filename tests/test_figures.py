@@ -51,14 +51,19 @@ def read_back(fig: Figure) -> dict:
 @pytest.fixture
 def written(monkeypatch) -> dict[str, dict]:
     """Each PNG written while the test runs (its file name; a report stages its files in a folder of
-    its own) -> what its figure showed."""
+    its own) -> what its figure showed. The PDF beside a PNG is the same picture: its panels where
+    the PNG's are."""
     figures: dict[str, dict] = {}
+    panels: dict[int, list] = {}
     original = Figure.savefig
 
     def spy(fig, path, *args, **kwargs):
         original(fig, path, *args, **kwargs)
         if str(path).endswith(".png"):
             figures[Path(path).name] = read_back(fig)
+            panels[id(fig)] = [ax.get_position().bounds for ax in fig.axes]
+        elif id(fig) in panels:
+            assert [ax.get_position().bounds for ax in fig.axes] == panels.pop(id(fig)), path
     monkeypatch.setattr(Figure, "savefig", spy)
     return figures
 

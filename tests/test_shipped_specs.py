@@ -2,11 +2,12 @@
 study must finish, which `--dry-run` alone does not show.
 
 A spec is shrunk only in size: a few steps (a searched warmup too) and evaluation samples, a tiny
-model of the same head count, one CPU worker, the first two values of a factor that is not the positional scheme (every
-scheme is kept, since each builds a different model), two search trials per cell. The task, the
-schemes, the search, the scheduler, ZeRO stage and bf16, and the analyses stay as shipped. A
-Hugging Face corpus (`hf:`, nothing may be downloaded here) becomes the stdlib corpus: the hub
-loader is tested on local data in tests/test_lm_task.py.
+model of the same head count, one CPU worker, the first two values of a factor that is not the
+positional scheme (every scheme is kept, since each builds a different model), and where the spec
+searches, one search trial per cell and at most one replica of its config (where it has replicas,
+they run). The task, the schemes, the search, the scheduler, ZeRO stage and bf16, and the analyses stay
+as shipped. A Hugging Face corpus (`hf:`, nothing may be downloaded here) becomes the stdlib corpus:
+the hub loader is tested on local data in tests/test_lm_task.py.
 
 All specs run as studies in one driver process, so they share one local Ray (about 10 s of start-up
 saved per spec).
@@ -74,7 +75,7 @@ def shrink(spec: dict) -> dict:
     spec["grid"] = {path: values if path.startswith("positional") else values[:2]
                     for path, values in spec.get("grid", {}).items()}
     if isinstance(spec.get("search"), dict):
-        spec["search"]["trials_per_cell"] = 2
+        spec["search"]["trials_per_cell"] = 1
         spec["replicas"] = min(spec.get("replicas", 1), 2)
     else:
         spec["replicas"] = 1
