@@ -61,7 +61,7 @@ def save(fig, path: str) -> str:
     """The PNG and its vector copy; the PDF without a creation date, so a rebuilt report is the same
     file. Returns the PNG's path."""
     fig.savefig(path, dpi=DPI)
-    fig.set_layout_engine("none")  # the PDF keeps the PNG's layout: laying it out again was half a save's time
+    fig.set_layout_engine("none")  # the PDF keeps the PNG's layout instead of laying the figure out again
     fig.savefig(vector_copy(path), metadata={"CreationDate": None})
     _plt().close(fig)
     return path
