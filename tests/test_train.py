@@ -403,6 +403,31 @@ def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():
     assert cfg.n_parameters() == sum(p.numel() for p in cfg.build_model(len(cfg.task_instance.vocab)).parameters())
 
 
+def test_checking_every_shipped_spec_counts_each_cells_parameters_exactly_without_importing_dynamo():
+    """A spec's check counts each config's parameters on the meta device with the initialisation
+    skipped: the count of the model as built there, and no torch._dynamo import (a second of CPU
+    in every process that checks a spec; torch imports it for some inits of meta tensors)."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+import torch
+from study.spec.schema import load_spec
+specs = [load_spec(str(p)) for p in sorted(Path({str(ROOT)!r}, "search_spaces").glob("*.yaml"))]
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+for spec in specs:
+    for cell in spec.cells():
+        cfg = spec.checked_config(cell)
+        with torch.device("meta"):
+            built = sum(p.numel() for p in cfg.build_model(len(cfg.task_instance.vocab)).parameters())
+        assert cfg.n_parameters() == built, (spec.name, cell.factors, cfg.n_parameters(), built)
+print("counted")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "counted" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "dynamo imported: False" in out.stdout, out.stdout
+
+
 def test_the_trial_configs_defaults_are_the_models():
     """A model option left out of a trial config gets ModelConfig's default, not a second one."""
     from models import ModelConfig

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from torch.overrides import TorchFunctionMode
 
 from models import DecoderLM, ModelConfig
 
@@ -202,11 +203,25 @@ def fits(cfg, workers: int = 1, gpus_per_worker: float = 0, on_this_machine: boo
             f"({top.bytes / GiB:,.1f} GiB) (the estimate: trial/limits.py)")
 
 
+class _NoInitOnMeta(TorchFunctionMode):
+    """Skips in-place ops on meta tensors, which hold no values: initialising them does nothing, and
+    some inits (`normal_`) would import torch._dynamo through their Python reference, a second of
+    CPU in every process that checks a spec."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        target = args[0] if args else next(iter(kwargs.values()), None)  # torch.nn.init passes it by name
+        if name.endswith("_") and not name.startswith("__") and isinstance(target, torch.Tensor) and target.is_meta:
+            return target
+        return func(*args, **kwargs)
+
+
 @lru_cache(maxsize=1024)
 def parameters_of_layers(one_layer: ModelConfig) -> tuple[int, int]:
     """(parameters of the 1-layer model, parameters of each further layer), from models of 1 and 2
     layers built on the meta device (no memory, but a build per config a spec validates: hence the cache)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _NoInitOnMeta():
         one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(one_layer, n_layers=n)).parameters())
                     for n in (1, 2))
     return one, two - one
