@@ -216,12 +216,16 @@ def main(argv: list[str] | None = None) -> int:
     if not jobs:
         print(f"error: --cells {args.cells}: no cell of {[p.stem for p in paths]} matches", file=sys.stderr)
         return 2
-    seen, unique = set(), []  # a (scheme, task) in two specs runs once, from the first, unless set up apart
+    seen, unique = {}, []  # a (scheme, task) in two specs runs once, from the first, unless set up apart
     for job in jobs:
         key = (scheme_of(job["factors"], job["trial"]), json.dumps(job["trial"]["task"], sort_keys=True), job["trial"]["seed"])
         if key not in seen:
-            seen.add(key)
+            seen[key] = job
             unique.append(job)
+        elif job["trial"]["seed"] == args.seeds[0]:  # said once per cell: a cell asked for never drops silently
+            first = seen[key]
+            print(f"{job['spec']} {job['cell']}: runs once, as {first['spec']} {first['cell']} (one row of the "
+                  f"tables: {key[0]} on {task_of(job['trial']['task'])})", flush=True)
     lrs = "/".join(f"{lr:g}" for lr in sorted({j["trial"]["optim"]["lr"] for j in unique}))
     print(f"{len(unique)} trials, seeds {args.seeds}, lr {lrs}, {args.workers} at a time", flush=True)
     if args.from_json:

@@ -129,6 +129,36 @@ def test_an_encoders_cells_are_their_own_rows_beside_the_decoders():
     assert ("learned, sequential", "reverse") in rows
 
 
+def test_cells_the_tables_cannot_tell_apart_run_once_and_the_command_says_which(tmp_path, monkeypatch, capsys):
+    """Two cells that differ only where the tables do not look (here the id range) are one scheme on
+    one task: the second is not trained, and a line names it and the cell it runs as."""
+    import yaml
+
+    import benchmarks.schemes as schemes
+    from benchmarks.field_claims import SPACES
+
+    spec = yaml.safe_load((SPACES / "schemes_randomized_encoder.yaml").read_text())
+    spec["grid"] = {"positional": [{"encoding": "learned", "ids": "randomized", "max_position": n} for n in (64, 128)]}
+    path = tmp_path / "two_ranges.yaml"
+    path.write_text(yaml.safe_dump(spec))
+
+    class Trained(Exception):
+        pass
+
+    def run_jobs(jobs, *args):
+        raise Trained(jobs)
+
+    monkeypatch.setattr(schemes, "run_jobs", run_jobs)
+    with pytest.raises(Trained) as trained:
+        main([str(path), "--seeds", "0", "1"])
+    assert [(j["cell"], j["trial"]["seed"]) for j in trained.value.args[0]] == [
+        ("encoding=learned,ids=randomized,max_position=64", 0), ("encoding=learned,ids=randomized,max_position=64", 1)]
+    said = [line for line in capsys.readouterr().out.splitlines() if "runs once" in line]
+    assert said == [f"{spec['name']} encoding=learned,ids=randomized,max_position=128: runs once, as {spec['name']} "
+                    "encoding=learned,ids=randomized,max_position=64 (one row of the tables: learned, randomized, "
+                    "encoder on reverse)"]
+
+
 def test_each_claim_trains_the_cells_of_its_own_recipe_once():
     """The claims' cells: Abacus and its baseline from the spec that trains them on 1-10 digits, the
     reversal claims sharing their runs of an encoder, the longest trials first."""
