@@ -28,6 +28,21 @@ def rows_of(task, train_length, by_scheme, fit=None, spec="schemes_randomized_pu
 RANDOMIZED, SEQUENTIAL = "learned, randomized, encoder", "learned, sequential, encoder"  # the reversal claims'
 
 
+class Trained(Exception):
+    """Raised with the jobs the command would train, in place of training them."""
+
+
+@pytest.fixture
+def jobs_not_trained(monkeypatch):
+    """The command stops where it would train, raising Trained(jobs)."""
+    import benchmarks.schemes as schemes
+
+    def run_jobs(jobs, *args):
+        raise Trained(jobs)
+
+    monkeypatch.setattr(schemes, "run_jobs", run_jobs)
+
+
 def reversal(randomized, sequential, fit=(1.0, 1.0), spec="schemes_randomized_encoder"):
     return pd.DataFrame(rows_of("reverse", 8, {RANDOMIZED: randomized, SEQUENTIAL: sequential},
                                 {RANDOMIZED: fit[0], SEQUENTIAL: fit[1]}, spec))
@@ -129,12 +144,11 @@ def test_an_encoders_cells_are_their_own_rows_beside_the_decoders():
     assert ("learned, sequential", "reverse") in rows
 
 
-def test_cells_the_tables_cannot_tell_apart_run_once_and_the_command_says_which(tmp_path, monkeypatch, capsys):
+def test_cells_the_tables_cannot_tell_apart_run_once_and_the_command_says_which(tmp_path, jobs_not_trained, capsys):
     """Two cells that differ only where the tables do not look (here the id range) are one scheme on
     one task: the second is not trained, and a line names it and the cell it runs as."""
     import yaml
 
-    import benchmarks.schemes as schemes
     from benchmarks.field_claims import SPACES
 
     spec = yaml.safe_load((SPACES / "schemes_randomized_encoder.yaml").read_text())
@@ -142,13 +156,6 @@ def test_cells_the_tables_cannot_tell_apart_run_once_and_the_command_says_which(
     path = tmp_path / "two_ranges.yaml"
     path.write_text(yaml.safe_dump(spec))
 
-    class Trained(Exception):
-        pass
-
-    def run_jobs(jobs, *args):
-        raise Trained(jobs)
-
-    monkeypatch.setattr(schemes, "run_jobs", run_jobs)
     with pytest.raises(Trained) as trained:
         main([str(path), "--seeds", "0", "1"])
     assert [(j["cell"], j["trial"]["seed"]) for j in trained.value.args[0]] == [
@@ -249,18 +256,9 @@ def test_the_command_alone_checks_all_but_the_claims_on_request(tmp_path, capsys
     assert out.count("claim randomized_duplication_tokens") == 1  # not also judged
 
 
-def test_bf16_sets_the_precision_of_every_cell_it_trains(monkeypatch):
+def test_bf16_sets_the_precision_of_every_cell_it_trains(jobs_not_trained):
     """`--bf16 false` reruns the Abacus claim's mixed-precision cells in fp32 (as its earlier figures
     were measured); any other value is refused before a trial starts."""
-    import benchmarks.schemes as schemes
-
-    class Trained(Exception):
-        pass
-
-    def run_jobs(jobs, *args):
-        raise Trained(jobs)
-
-    monkeypatch.setattr(schemes, "run_jobs", run_jobs)
     with pytest.raises(Trained) as trained:
         main(["--claims", "abacus_addition", "--seeds", "0", "--bf16", "false"])
     assert [j["trial"]["deepspeed"]["bf16"] for j in trained.value.args[0]] == [False, False]
