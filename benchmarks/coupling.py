@@ -173,11 +173,31 @@ def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None,
     return jobs, train_length
 
 
+def host_rates(n: int = 1024) -> dict[str, float]:
+    """GFLOP/s of one thread multiplying n x n matrices here, in fp32 and bf16: a trial's time follows
+    them more than anything in this code, so a run's time is read against another host's with them."""
+    import torch
+
+    from benchmarks.suite import matmul_tflops
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a trial runs: one thread a core
+    try:
+        return {name: round(1000 * matmul_tflops(torch.device("cpu"), dtype, n=n), 1)
+                for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    finally:
+        torch.set_num_threads(threads)
+
+
 def run_jobs(jobs: list[dict], workers: int, json_path: str | None, seeds: list[int]):
     """Train every job, `workers` at a time in spawned processes; returns (rows, series, seconds of
-    each trial, wall seconds), the rows also written to `json_path` after every trial."""
+    each trial, wall seconds, the host's matmul rates), the rows also written to `json_path` after
+    every trial."""
     import multiprocessing
 
+    host = host_rates()
+    print(f"host: one thread multiplies 1,024 x 1,024 matrices at {host['fp32']:.0f} GFLOP/s in fp32, "
+          f"{host['bf16']:.0f} in bf16 (trial times follow these; docs/schemes.md)", flush=True)
     start, rows, series, seconds = time.time(), [], [], []
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for i, (job, result) in enumerate(zip(jobs, pool.map(_run_trial, jobs)), 1):
@@ -188,8 +208,8 @@ def run_jobs(jobs: list[dict], workers: int, json_path: str | None, seeds: list[
                   f"seed={job['trial']['seed']} val_exact={result['val_exact']:.3f} ({result['seconds']:.0f}s)",
                   flush=True)
             if json_path:  # after every trial: a run stopped half-way keeps what it measured
-                Path(json_path).write_text(json.dumps({"seeds": seeds, "rows": rows, "series": series}))
-    return rows, series, seconds, time.time() - start
+                Path(json_path).write_text(json.dumps({"seeds": seeds, "host": host, "rows": rows, "series": series}))
+    return rows, series, seconds, time.time() - start, host
 
 
 def check_claims(table, name: str, train_length: int, only_run: bool = False) -> list[str]:
@@ -303,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(all_jobs)} trials ({', '.join(p.stem for p in paths)}), seeds {args.seeds}, "
           + (f"from {', '.join(args.from_json)}" if args.from_json else f"{args.workers} at a time"), flush=True)
     if args.from_json:
-        (rows, series), seconds, wall = saved_runs(args.from_json, all_jobs), [], 0.0
+        (rows, series), seconds, wall, host = saved_runs(args.from_json, all_jobs), [], 0.0, None
     else:
-        rows, series, seconds, wall = run_jobs(all_jobs, args.workers, args.json, args.seeds)
+        rows, series, seconds, wall, host = run_jobs(all_jobs, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)
     failures = []
     for path, _, train_length in plans:
@@ -331,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{name}: tracked while training (mean over seeds)" + trajectory(tracked))
     print(f"\n{len(all_jobs)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
-        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series,
+        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "host": host, "rows": rows, "series": series,
                                                "failures": failures}, indent=1))
     if args.figure and series:
         labels = differing(list(dict.fromkeys(point["cell"] for point in series)))

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(unique)} trials, seeds {args.seeds}, lr {lrs}, {args.workers} at a time", flush=True)
     if args.from_json:
         try:
-            (rows, series), seconds, wall = saved_runs(args.from_json, unique), [], 0.0
+            (rows, series), seconds, wall, host = saved_runs(args.from_json, unique), [], 0.0, None
             held = sorted({s for p in args.from_json for s in json.loads(Path(p).read_text()).get("seeds", [])})
         except (OSError, ValueError, KeyError) as e:
             print(f"error: --from-json: {e}", file=sys.stderr)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{held} (give them with --seeds)", file=sys.stderr)
             return 2
     else:
-        rows, series, seconds, wall = run_jobs(unique, args.workers, args.json, args.seeds)
+        rows, series, seconds, wall, host = run_jobs(unique, args.workers, args.json, args.seeds)
     table = pd.DataFrame(rows)
     names = {(j["spec"], j["cell"]): j for j in unique}
     table["scheme"] = [scheme_of(names[(s, c)]["factors"], names[(s, c)]["trial"]) for s, c in zip(table.spec, table.cell)]
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(unique)} trials in {wall:.0f}s wall, {sum(seconds):.0f}s of trial time")
     if args.json:
         # the per-trial file run_jobs kept, with the verdicts: a finished run's file holds all a stopped one's did
-        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "rows": rows, "series": series,
+        Path(args.json).write_text(json.dumps({"seeds": args.seeds, "host": host, "rows": rows, "series": series,
                                                "failures": failures}, indent=1))
     for failure in failures:
         print(f"claim failed: {failure}", file=sys.stderr)

@@ -288,16 +288,20 @@ def test_a_table_rebuilt_from_saved_runs_says_how_each_run_trained(tmp_path, cap
     assert abacus.endswith("| 8,000 steps, lr 0.0003, bf16 mixed |")  # one recipe: no seeds to tell apart
 
 
-def test_a_trained_run_saves_its_recipe_on_every_row(tmp_path):
+def test_a_trained_run_saves_its_recipe_on_every_row_and_the_hosts_matmul_rates(tmp_path, capsys):
     """A real trial in a spawned worker (1 layer of d 32, 4 steps): each row it saves names the
-    steps, learning rate and precision it trained with, as `--from-json` reads them back."""
+    steps, learning rate and precision it trained with, as `--from-json` reads them back; the file and
+    the output give the host's one-thread matmul rates, which a trial's time follows."""
     from benchmarks.coupling import jobs_for, run_jobs
     from benchmarks.field_claims import SPACES
 
     jobs, _ = jobs_for(SPACES / "smoke.yaml", [3], None, ["train_length=8"])
     jobs[0]["trial"]["optim"].update(steps=4, warmup_steps=1, lr=2e-3)
     jobs[0]["trial"]["eval"].update(every_steps=4, lengths=[8])
-    rows, *_ = run_jobs(jobs[:1], 1, str(tmp_path / "runs.json"), [3])
-    saved = json.loads((tmp_path / "runs.json").read_text())["rows"]
+    rows, *_, host = run_jobs(jobs[:1], 1, str(tmp_path / "runs.json"), [3])
+    data = json.loads((tmp_path / "runs.json").read_text())
+    saved = data["rows"]
     assert rows and saved == rows
     assert {(r["steps"], r["lr"], r["bf16"]) for r in saved} == {(4, 2e-3, False)}
+    assert data["host"] == host and set(host) == {"fp32", "bf16"} and min(host.values()) > 0
+    assert f"at {host['fp32']:.0f} GFLOP/s in fp32, {host['bf16']:.0f} in bf16" in capsys.readouterr().out
