@@ -173,9 +173,9 @@ def jobs_for(spec_path: Path, seeds: list[int], lengths: list[int] | None,
     return jobs, train_length
 
 
-def host_rates(n: int = 1024) -> dict[str, float]:
-    """GFLOP/s of one thread multiplying n x n matrices here, in fp32 and bf16: a trial's time follows
-    them more than anything in this code, so a run's time is read against another host's with them."""
+def host_rates() -> dict[str, float]:
+    """GFLOP/s of one thread multiplying 1,024 x 1,024 matrices here, in fp32 and bf16: a trial's time
+    follows them more than anything in this code, so a run's time is read against another host's with them."""
     import torch
 
     from benchmarks.suite import matmul_tflops
@@ -183,7 +183,7 @@ def host_rates(n: int = 1024) -> dict[str, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as a trial runs: one thread a core
     try:
-        return {name: round(1000 * matmul_tflops(torch.device("cpu"), dtype, n=n), 1)
+        return {name: round(1000 * matmul_tflops(torch.device("cpu"), dtype, n=1024), 1)
                 for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     finally:
         torch.set_num_threads(threads)
