@@ -71,6 +71,13 @@ def restored_tuner_configs(tuner):
     return local._tune_config, local.get_run_config()
 
 
+def trial_configs(result_grid) -> dict[str, dict]:
+    """Each trial's config by trial id, from the trials a ResultGrid was made of. Private: a Result's
+    `config` is read from its last report, so a trial that failed before reporting (its process killed,
+    say) has None there; Tune's Trial keeps the config it was started with."""
+    return {trial.trial_id: trial.config for trial in result_grid._experiment_analysis.trials}
+
+
 @contextmanager
 def controller_checkpoint_wrapped(make_wrapper: Callable[[Callable], Callable]) -> Iterator[None]:
     """While inside, Tune's controller saves its experiment state through `make_wrapper(original)`

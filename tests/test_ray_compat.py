@@ -35,6 +35,52 @@ def test_the_restored_tuner_configs_are_the_ones_fit_reads(tmp_path):
     assert tuner._local_tuner._get_tune_run_arguments(trainable)["max_concurrent_trials"] == 5
 
 
+def test_a_trial_that_failed_before_reporting_has_its_config_from_its_trial():
+    """study/experiment/tuning.py reads each trial's config through trial_configs: a real Tune run (its
+    own process, a local Ray) where one trial's process is killed before its first report (as the OOM
+    killer does), whose Result then has no config."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import json, os, signal, tempfile, ray
+from ray import tune
+from study import ray_compat
+
+class Trainable(tune.Trainable):
+    def setup(self, config):
+        if config["cell"] == 1:  # dies while its actor starts: Tune never gets its first result
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def step(self):
+        return {"x": 1, "done": True}
+
+    def save_checkpoint(self, checkpoint_dir):
+        pass
+
+    def load_checkpoint(self, checkpoint):
+        pass
+
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+grid = tune.Tuner(Trainable, param_space={"cell": tune.grid_search([0, 1])},
+                  run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(), name="t", verbose=0)).fit()
+configs = ray_compat.trial_configs(grid)
+print("OUT", json.dumps({"result": [r.config for r in grid], "errors": [bool(r.error) for r in grid],
+                         "ids": [r.metrics.get("trial_id") for r in grid], "configs": configs}))
+ray.shutdown()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert "OUT " in out.stdout, out.stderr[-3000:]
+    seen = json.loads(out.stdout.split("OUT ", 1)[1])
+    by_cell = dict(zip([c["cell"] for c in seen["configs"].values()], seen["configs"]))
+    assert sorted(seen["errors"]) == [False, True] and None in seen["result"]  # why trial_configs exists
+    assert sorted(seen["ids"]) == sorted(seen["configs"]) and set(by_cell) == {0, 1}
+    assert all(seen["configs"][tid] == {"cell": cell} for cell, tid in by_cell.items())
+
+
 def test_the_controller_checkpoint_is_wrapped_and_put_back():
     from ray.tune.execution.tune_controller import TuneController
 

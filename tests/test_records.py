@@ -286,6 +286,54 @@ def test_a_trial_process_killed_mid_trial_resumes_from_its_checkpoint(tmp_path):
     assert len(children) == 1 and children[0].info.status == "FINISHED"
 
 
+def test_a_trial_killed_before_its_first_report_fails_alone_and_the_study_reports(tmp_path):
+    """A trial's process is SIGKILLed (as the OOM killer does) before it reports anything, and is not
+    retried (resources.max_failures 0). Tune's result for it holds no metrics and so no config; the
+    study still ends as a study with a failed trial does: exit 1 naming its cell, its ERROR row in
+    results.csv, its MLflow run FAILED, and the other cell finished."""
+    import psutil
+
+    spec = write_spec(tmp_path, **{"name": "unreported", "search": "none", "grid": {"optim.lr": [0.003, 0.001]},
+                                   "task/params/train_length": 8, "base/optim/steps": 160,
+                                   "base/eval/every_steps": 80, "base/sparsity": None,
+                                   "resources/max_failures": 0, "resources/max_concurrent_trials": 1})
+    storage = tmp_path / "studies"
+    proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    killed = None
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and killed is None:
+            time.sleep(0.05)
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if p.cmdline() and p.cmdline()[0].startswith("ray::ImplicitFunc"):
+                        p.kill()
+                        killed = p.pid
+                        break
+                except psutil.Error:
+                    continue
+        assert killed, "no trial process was found to kill"
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 1, out[-3000:] + err[-3000:]
+    assert "error: 1 trial(s) failed:" in err, err[-3000:]  # not a traceback of the study's own
+    failed = err[err.index("error: 1 trial(s) failed:"):]
+    results = pd.read_csv(storage / "unreported" / "results.csv")
+    bad = results[results.status == "ERROR"]
+    assert len(bad) == 1 and bad.length.isna().all(), results
+    lost = bad["optim.lr"].iloc[0]
+    assert f"(cell lr={lost:g})" in failed, failed
+    done = results[results.status == "TERMINATED"]
+    assert set(done["optim.lr"]) == {0.003, 0.001} - {lost} and done.length.notna().all()
+    _, parents, children = mlflow_runs(storage / "mlflow.db", "unreported")
+    assert parents[0].info.status == "FAILED"
+    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
+
+
 def checkpoint_tagged(db: Path) -> bool:
     import sqlite3
 

@@ -98,14 +98,15 @@ def run_study(
         result_grid = _fit(tuner, gate)
         # on Ctrl-C Tune stops the trials, saves the experiment and returns: what it returns then
         # holds trials that did not end (or fewer than planned); they must not read as a result
-        planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, result_grid)
-        if len(result_grid) < planned or result_grid.num_terminated + result_grid.num_errors < len(result_grid):
-            raise Terminated if terminated else KeyboardInterrupt
+        configs = ray_compat.trial_configs(result_grid)
         trials = [
-            {"trial_id": _trial_id(res), "config": res.config, "metrics": res.metrics, "status": trial_status(res),
-             "reason": error_reason(res.error)}
+            {"trial_id": _trial_id(res), "config": configs[_trial_id(res)], "metrics": res.metrics,
+             "status": trial_status(res), "reason": error_reason(res.error)}
             for res in result_grid
         ]
+        planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, trials)
+        if len(result_grid) < planned or result_grid.num_terminated + result_grid.num_errors < len(result_grid):
+            raise Terminated if terminated else KeyboardInterrupt
         timing = time_in_steps(trials, time.time() - ray_started, max_concurrent)
         return _report_and_record(spec, study_dir, trials, result_grid, recorder, timing)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM (Terminated), or an exit
@@ -322,15 +323,15 @@ def time_in_steps(trials: list[dict], wall_s: float, slots: int | None) -> dict[
     return {"time/wall_since_ray_s": wall_s, "time/trials_in_steps_s": in_steps, "time/in_steps_share": share}
 
 
-def _replicas_not_run(spec: StudySpec, result_grid) -> int:
+def _replicas_not_run(spec: StudySpec, trials: list[dict]) -> int:
     """Replicas a searched cell never hands out: every one of its search trials failed, so no
     config was selected (study/experiment/search.py)."""
     if spec.search is None or spec.replicas == 1:
         return 0
     search_ok: dict[int, bool] = {c.index: False for c in spec.cells()}
-    for res in result_grid:
-        if res.config.get("role") == "search" and not res.error:
-            search_ok[res.config["cell"]] = True
+    for t in trials:
+        if t["config"].get("role") == "search" and t["status"] != "ERROR":
+            search_ok[t["config"]["cell"]] = True
     return sum(spec.replicas - 1 for ok in search_ok.values() if not ok)
 
 
