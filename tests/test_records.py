@@ -245,8 +245,6 @@ def wait_for_metrics(db: Path, proc: subprocess.Popen, more_than: int = 0, timeo
 def test_a_trial_process_killed_mid_trial_resumes_from_its_checkpoint(tmp_path):
     """The trial's own process is SIGKILLed after its first checkpoint: Tune restarts it from that
     checkpoint (resources.max_failures 1), and it ends with the metrics of an uninterrupted run."""
-    import psutil
-
     spec = write_spec(tmp_path, **{"name": "killed", "search": "none", "grid": {"task.params.train_length": [8]},
                                    "base/optim/steps": 160, "base/eval/every_steps": 20, "base/sparsity": None,
                                    "resources/max_failures": 1})
@@ -255,29 +253,8 @@ def test_a_trial_process_killed_mid_trial_resumes_from_its_checkpoint(tmp_path):
 
     storage = tmp_path / "studies"
     db = storage / "mlflow.db"
-    proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    killed = None
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None and killed is None:
-            time.sleep(0.2)
-            if not checkpoint_tagged(db):
-                continue
-            for p in psutil.Process(proc.pid).children(recursive=True):
-                try:
-                    if p.cmdline() and p.cmdline()[0].startswith("ray::ImplicitFunc"):
-                        p.kill()
-                        killed = p.pid
-                except psutil.Error:
-                    continue
-        assert killed, "no trial process was found to kill"
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    out, err, code = run_killing_a_trial(spec, storage, when=lambda: checkpoint_tagged(db))
+    assert code == 0, out[-3000:] + err[-3000:]
     metrics = ["length", "k", "answer_acc", "exact_match", "val_exact", "val_loss", "acc_in_dist", "acc_beyond"]
     resumed = pd.read_csv(storage / "killed" / "results.csv")[metrics]
     uninterrupted = pd.read_csv(tmp_path / "ref" / "killed" / "results.csv")[metrics]
@@ -291,13 +268,32 @@ def test_a_trial_killed_before_its_first_report_fails_alone_and_the_study_report
     retried (resources.max_failures 0). Tune's result for it holds no metrics and so no config; the
     study still ends as a study with a failed trial does: exit 1 naming its cell, its ERROR row in
     results.csv, its MLflow run FAILED, and the other cell finished."""
-    import psutil
-
     spec = write_spec(tmp_path, **{"name": "unreported", "search": "none", "grid": {"optim.lr": [0.003, 0.001]},
                                    "task/params/train_length": 8, "base/optim/steps": 160,
                                    "base/eval/every_steps": 80, "base/sparsity": None,
                                    "resources/max_failures": 0, "resources/max_concurrent_trials": 1})
     storage = tmp_path / "studies"
+    out, err, code = run_killing_a_trial(spec, storage, when=lambda: True)  # as soon as its process is there
+    assert code == 1, out[-3000:] + err[-3000:]
+    assert "error: 1 trial(s) failed:" in err, err[-3000:]  # not a traceback of the study's own
+    failed = err[err.index("error: 1 trial(s) failed:"):]
+    results = pd.read_csv(storage / "unreported" / "results.csv")
+    bad = results[results.status == "ERROR"]
+    assert len(bad) == 1 and bad.length.isna().all(), results
+    lost = bad["optim.lr"].iloc[0]
+    assert f"(cell lr={lost:g})" in failed, failed
+    done = results[results.status == "TERMINATED"]
+    assert set(done["optim.lr"]) == {0.003, 0.001} - {lost} and done.length.notna().all()
+    _, parents, children = mlflow_runs(storage / "mlflow.db", "unreported")
+    assert parents[0].info.status == "FAILED"
+    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
+
+
+def run_killing_a_trial(spec: Path, storage: Path, when) -> tuple[str, str, int]:
+    """`study/run.py` on `spec`; the first trial process (Tune's ray::ImplicitFunc) SIGKILLed once
+    `when()` holds. Returns the study's stdout, stderr and exit code."""
+    import psutil
+
     proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     killed = None
@@ -305,6 +301,8 @@ def test_a_trial_killed_before_its_first_report_fails_alone_and_the_study_report
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None and killed is None:
             time.sleep(0.05)
+            if not when():
+                continue
             for p in psutil.Process(proc.pid).children(recursive=True):
                 try:
                     if p.cmdline() and p.cmdline()[0].startswith("ray::ImplicitFunc"):
@@ -319,19 +317,7 @@ def test_a_trial_killed_before_its_first_report_fails_alone_and_the_study_report
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 1, out[-3000:] + err[-3000:]
-    assert "error: 1 trial(s) failed:" in err, err[-3000:]  # not a traceback of the study's own
-    failed = err[err.index("error: 1 trial(s) failed:"):]
-    results = pd.read_csv(storage / "unreported" / "results.csv")
-    bad = results[results.status == "ERROR"]
-    assert len(bad) == 1 and bad.length.isna().all(), results
-    lost = bad["optim.lr"].iloc[0]
-    assert f"(cell lr={lost:g})" in failed, failed
-    done = results[results.status == "TERMINATED"]
-    assert set(done["optim.lr"]) == {0.003, 0.001} - {lost} and done.length.notna().all()
-    _, parents, children = mlflow_runs(storage / "mlflow.db", "unreported")
-    assert parents[0].info.status == "FAILED"
-    assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
+    return out, err, proc.returncode
 
 
 def checkpoint_tagged(db: Path) -> bool:
