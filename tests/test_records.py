@@ -269,8 +269,8 @@ def test_a_trial_killed_before_its_first_report_fails_alone_and_the_study_report
     study still ends as a study with a failed trial does: exit 1 naming its cell, its ERROR row in
     results.csv, its MLflow run FAILED, and the other cell finished."""
     spec = write_spec(tmp_path, **{"name": "unreported", "search": "none", "grid": {"optim.lr": [0.003, 0.001]},
-                                   "task/params/train_length": 8, "base/optim/steps": 160,
-                                   "base/eval/every_steps": 80, "base/sparsity": None,
+                                   "task/params/train_length": 8, "base/optim/steps": 40,
+                                   "base/eval/every_steps": 20, "base/sparsity": None,
                                    "resources/max_failures": 0, "resources/max_concurrent_trials": 1})
     storage = tmp_path / "studies"
     out, err, code = run_killing_a_trial(spec, storage, when=lambda: True)  # as soon as its process is there
