@@ -10,7 +10,9 @@ as shipped. A Hugging Face corpus (`hf:`, nothing may be downloaded here) become
 the hub loader is tested on local data in tests/test_lm_task.py.
 
 All specs run as studies in one driver process, so they share one local Ray (about 10 s of start-up
-saved per spec).
+saved per spec), and each runs one trial at a time: a study's trial processes are most of its cost
+(torch, DeepSpeed), and one instead of two cut the CPU time by a third (docs/speed.md); the smoke
+studies of the other tests run two at a time.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def shrink(spec: dict) -> dict:
     else:
         spec["replicas"] = 1
     spec["resources"] = {**spec.get("resources", {}), "workers_per_trial": 1, "cpus_per_worker": 1,
-                         "gpus_per_worker": 0, "max_concurrent_trials": None}
+                         "gpus_per_worker": 0, "max_concurrent_trials": 1}
     return spec
 
 
