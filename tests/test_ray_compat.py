@@ -35,7 +35,7 @@ def test_the_restored_tuner_configs_are_the_ones_fit_reads(tmp_path):
     assert tuner._local_tuner._get_tune_run_arguments(trainable)["max_concurrent_trials"] == 5
 
 
-def test_a_trial_that_failed_before_reporting_has_its_config_from_its_trial():
+def test_a_trial_that_failed_before_reporting_has_its_config_from_its_trial(tmp_path):
     """study/experiment/tuning.py reads each trial's config through trial_configs: a real Tune run (its
     own process, a local Ray) where one trial's process is killed before its first report (as the OOM
     killer does), whose Result then has no config."""
@@ -45,7 +45,7 @@ def test_a_trial_that_failed_before_reporting_has_its_config_from_its_trial():
     import sys
 
     code = """
-import json, os, signal, tempfile, ray
+import json, os, signal, sys, ray
 from ray import tune
 from study import ray_compat
 
@@ -65,13 +65,13 @@ class Trainable(tune.Trainable):
 
 ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
 grid = tune.Tuner(Trainable, param_space={"cell": tune.grid_search([0, 1])},
-                  run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(), name="t", verbose=0)).fit()
+                  run_config=tune.RunConfig(storage_path=sys.argv[1], name="t", verbose=0)).fit()
 configs = ray_compat.trial_configs(grid)
 print("OUT", json.dumps({"result": [r.config for r in grid], "errors": [bool(r.error) for r in grid],
                          "ids": [r.metrics.get("trial_id") for r in grid], "configs": configs}))
 ray.shutdown()
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert "OUT " in out.stdout, out.stderr[-3000:]
     seen = json.loads(out.stdout.split("OUT ", 1)[1])
