@@ -99,11 +99,11 @@ def run_study(
         # on Ctrl-C Tune stops the trials, saves the experiment and returns: what it returns then
         # holds trials that did not end (or fewer than planned); they must not read as a result
         configs = ray_compat.trial_configs(result_grid)
-        trials = [
-            {"trial_id": _trial_id(res), "config": configs[_trial_id(res)], "metrics": res.metrics,
-             "status": trial_status(res), "reason": error_reason(res.error)}
-            for res in result_grid
-        ]
+        trials = []
+        for res in result_grid:
+            tid = _trial_id(res)
+            trials.append({"trial_id": tid, "config": configs[tid], "metrics": res.metrics,
+                           "status": trial_status(res), "reason": error_reason(res.error)})
         planned = len(spec.cells()) * spec.trials_per_cell - _replicas_not_run(spec, trials)
         if len(result_grid) < planned or result_grid.num_terminated + result_grid.num_errors < len(result_grid):
             raise Terminated if terminated else KeyboardInterrupt
