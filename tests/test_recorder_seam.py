@@ -81,7 +81,8 @@ def test_a_recorder_of_its_own_receives_every_event_of_a_study_in_order(tmp_path
     driver.write_text(DRIVER.format(root=str(ROOT)))
     events_file = tmp_path / "events.json"
     out = subprocess.run([sys.executable, str(driver), "--space", str(ROOT / "search_spaces" / "smoke.yaml"),
-                          "--storage", str(tmp_path / "studies"), "--recorder", "memory"], cwd=tmp_path,
+                          "--storage", str(tmp_path / "studies"), "--recorder", "memory",
+                          "--set", "resources.max_concurrent_trials=2"], cwd=tmp_path,
                          env={**ENV, "EVENTS": str(events_file)}, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "record: in memory" in out.stdout

@@ -229,7 +229,7 @@ def assert_same_results(new: pd.DataFrame, old: pd.DataFrame) -> None:
 def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
     storage = tmp_path / "studies"
     out = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", str(storage),
-               "--mlflow-uri", mlflow_server])
+               "--mlflow-uri", mlflow_server, "--set", "resources.max_concurrent_trials=2"])  # trials side by side
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # the closing table: one row per cell with in-distribution and extrapolation accuracy
     assert "train_length=8" in out.stdout and "acc_beyond" in out.stdout
@@ -328,7 +328,8 @@ def kill_when_finished(command: list[str], db: Path, env: dict, cwd: Path, trial
 
 def test_resume_after_the_driver_is_killed(tmp_path):
     spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 240, "base/eval/every_steps": 40,
-                                   "search/trials_per_cell": 3, "replicas": 2})
+                                   "search/trials_per_cell": 3, "replicas": 2,
+                                   "resources/max_concurrent_trials": 2})  # killed with trials side by side
     storage = tmp_path / "studies"
     db = storage / "mlflow.db"
     finished_before = kill_when_finished([*RUN, "--space", str(spec), "--storage", str(storage)], db, ENV, ROOT)
