@@ -91,7 +91,7 @@ def test_a_study_records_into_postgresql_and_the_bucket_and_is_read_back(tmp_pat
     url = mlflow_pg_server["url"]
     storage = tmp_path / "studies"
     out = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", str(storage),
-               "--mlflow-uri", url], env=DRIVER_ENV)
+               "--mlflow-uri", url, "--set", "resources.max_concurrent_trials=2"], env=DRIVER_ENV)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + \
         Path(mlflow_pg_server["log"]).read_text()[-3000:]
     assert "goes away" not in out.stderr  # a tracking server: no warning that the record dies with the driver

@@ -293,7 +293,7 @@ def test_a_bucket_unreachable_mid_study_loses_nothing(s3, tmp_path, outage):
             while time.time() < deadline and proc.poll() is None and not finished_trials(db):
                 time.sleep(0.5)
             finished_before = finished_trials(db)
-            assert finished_before and proc.poll() is None, "no trial finished while others ran"
+            assert finished_before and proc.poll() is None, "no trial finished before the study ended"
             if outage == "comes_back":
                 os.kill(moto.pid, signal.SIGSTOP)
                 time.sleep(10)
