@@ -1,6 +1,6 @@
 """The platform's speed, as ratios measured side by side in one run (this machine is shared and noisy).
 
-    python -m benchmarks.suite                      # P1-P4 and P7 here, P5 where CUDA is present
+    python -m benchmarks.suite                      # P1-P4, P7 and P8 here, P5 where CUDA is present
     python -m benchmarks.suite --only P1 P4 --json bench.json
     python -m benchmarks.suite --compare old.json   # print the ratios next to an earlier run's
 
@@ -8,9 +8,9 @@ P1 the model's training step against Hugging Face Llama, P2 trial start, P3 the 
 train and eval steps, P4 KV-cached generation and data generation, P5 (CUDA only) bf16 tokens/s and
 MFU under DeepSpeed ZeRO-2, P6 (only when named: `--only P6`) the study platform at scale
 (benchmarks/scale.py), P7 a step of the field claims' cells in length groups against one padded
-batch. Every ratio is a median over interleaved repeats. Results go to stdout and, with --json, to a
+batch, P8 bf16 attention on CPU, the flash kernel against the math kernel. Every ratio is a median over interleaved repeats. Results go to stdout and, with --json, to a
 file a later run can be compared with (--compare). What each part measures, and
-its figures: docs/speed.md (P1-P5, P7) and docs/scale.md (P6).
+its figures: docs/speed.md (P1-P5, P7, P8) and docs/scale.md (P6).
 """
 
 from __future__ import annotations
@@ -613,40 +613,57 @@ def p7_length_groups(steps: int = 24, claims: tuple[str, ...] | None = None, gro
         torch.set_num_threads(threads)
 
 
-def _p7_cells(steps: int, claims: tuple[str, ...] | None, groups: int) -> dict:
+def _claim_cells(steps: int, claims: tuple[str, ...] | None, bf16_only: bool = False):
+    """Each field claim's cell once (the first seed's trial): its name, config, module (seeded), AdamW,
+    `steps` of its own batches, and the autocast its spec's precision asks for."""
     import contextlib
 
     from benchmarks.field_claims import FIELD_CLAIMS, claim_jobs
     from trial.batches import StepBatches
     from trial.config import TrialConfig
-    from trial.evaluate import Tensors, token_loss
+    from trial.evaluate import Tensors
 
-    out = {}
     jobs, _ = claim_jobs([c for c in FIELD_CLAIMS if claims is None or c.name in claims], [0], None)
+    seen = set()
     for job in jobs:
         cfg = TrialConfig.model_validate(job["trial"])
         name = f"{cfg.task.name}, {cfg.positional.encoding}, {cfg.positional.ids}" + \
             (", abacus" if cfg.positional.abacus else "") + (", encoder" if cfg.model.output == "encoder" else "")
-        if name in out:
+        if name in seen or (bf16_only and not cfg.deepspeed.bf16):
             continue
+        seen.add(name)
         task = cfg.task_instance
         torch.manual_seed(0)
         model = cfg.build_model(len(task.vocab))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         batches = StepBatches(task, cfg.positional.scheme, cfg.optim.batch_size, 0, 0, 1, steps)
+        items = [batches[i] for i in range(len(batches))]  # a Dataset: no end of its own when iterated
+        xs = [(Tensors(i["tokens"], i["ids"], i["loss_mask"], i["answer_mask"], i.get("places")), i["tokens_seen"])
+              for i in items]
         mixed = torch.autocast("cpu", torch.bfloat16) if cfg.deepspeed.bf16 == "mixed" else contextlib.nullcontext()
+        yield name, cfg, model, opt, xs, mixed
+
+
+def _train_step(model, opt, x, mixed, groups: int):
+    from trial.evaluate import token_loss
+
+    def step():
+        with mixed:
+            loss, _, _ = token_loss(model, model, x, 0.0, groups)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def _p7_cells(steps: int, claims: tuple[str, ...] | None, groups: int) -> dict:
+    out = {}
+    for name, cfg, model, opt, xs, mixed in _claim_cells(steps, claims):
         times, computed, real = {1: [], groups: []}, {1: 0, groups: 0}, 0
-        for item in (batches[i] for i in range(len(batches))):  # a Dataset: no end of its own when iterated
-            x = Tensors(item["tokens"], item["ids"], item["loss_mask"], item["answer_mask"], item.get("places"))
-            real += item["tokens_seen"]
+        for x, tokens in xs:
+            real += tokens
             for k in times:
-                def step(k=k, x=x):
-                    with mixed:
-                        loss, _, _ = token_loss(model, model, x, 0.0, k)
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                times[k] += _timed(step, 1)
+                times[k] += _timed(_train_step(model, opt, x, mixed, k), 1)
                 computed[k] += sum(g.tokens.numel() for g in x.by_length(k))
         one, grouped = statistics.median(times[1][2:] or times[1]), statistics.median(times[groups][2:] or times[groups])
         out[name] = {"model": f"{cfg.model.n_layers} layers of d {cfg.model.d_model}", "bf16": cfg.deepspeed.bf16,
@@ -665,6 +682,69 @@ def print_p7(r: dict) -> None:
                   f"({c['not_padding_grouped']:.0%}): {c['speedup']:.2f}x")
 
 
+# --- P8 --------------------------------------------------------------------------------------
+def p8_attention_kernel(keys=(16, 32, 64, 128, 256, 512), repeats: int = 5, steps: int = 24,
+                        claims: tuple[str, ...] | None = None) -> dict:
+    """bf16 attention on CPU, PyTorch's flash kernel against its math kernel: a forward and backward
+    of causal attention at each number of keys (2,048 tokens a batch, 4 heads of 64), and a training
+    step of each bf16 field claim's cell in its length groups with the flash kernel against the
+    model's own choice (models/decoder.py, `attention_kernel`: math at most MATH_ATTENTION_MAX_KEYS
+    keys), interleaved, one thread. Where the crossover sits depends on the CPU: this part finds it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a trial runs on one core here
+    try:
+        return {"kernels": _p8_kernels(keys, repeats), "cells": _p8_cells(steps, claims)}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _p8_kernels(keys, repeats: int) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = {}
+    for n in keys:
+        q, k, v = (torch.randn(max(1, 2048 // n), 4, n, 64, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        times = {SDPBackend.FLASH_ATTENTION: [], SDPBackend.MATH: []}
+        for _ in range(repeats + 1):
+            for backend in times:
+                def step(backend=backend):
+                    with sdpa_kernel(backend):
+                        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+                times[backend] += _timed(step, 1)
+        flash, math_ = (statistics.median(t[1:]) for t in times.values())  # the first of each: warm-up
+        out[str(n)] = {"flash_s": flash, "math_s": math_, "flash_over_math": flash / math_}
+    return out
+
+
+def _p8_cells(steps: int, claims: tuple[str, ...] | None) -> dict:
+    import models.decoder as decoder
+
+    out, chosen = {}, decoder.MATH_ATTENTION_MAX_KEYS
+    for name, cfg, model, opt, xs, mixed in _claim_cells(steps, claims, bf16_only=True):
+        times = {"flash": [], "chosen": []}
+        try:
+            for x, _ in xs:
+                for kernel in times:
+                    decoder.MATH_ATTENTION_MAX_KEYS = chosen if kernel == "chosen" else -1
+                    times[kernel] += _timed(_train_step(model, opt, x, mixed, cfg.optim.length_groups), 1)
+        finally:
+            decoder.MATH_ATTENTION_MAX_KEYS = chosen
+        flash, mine = (statistics.median(t[2:] or t) for t in times.values())
+        out[name] = {"model": f"{cfg.model.n_layers} layers of d {cfg.model.d_model}", "flash_s": flash,
+                     "chosen_s": mine, "speedup": flash / mine}
+    return out
+
+
+def print_p8(r: dict) -> None:
+    print("P8 bf16 attention on CPU, one thread: flash kernel vs math kernel, forward and backward, by keys")
+    for n, row in r["kernels"].items():
+        print(f"  {n:>5} keys  flash {row['flash_s'] * 1e3:7.1f} ms  math {row['math_s'] * 1e3:7.1f} ms  "
+              f"flash / math {row['flash_over_math']:.2f}")
+    for name, c in r["cells"].items():
+        print(f"  a step of {name} ({c['model']}): flash {c['flash_s'] * 1e3:.1f} ms, the model's kernel "
+              f"{c['chosen_s'] * 1e3:.1f} ms: {c['speedup']:.2f}x")
+
+
 # --- P6 --------------------------------------------------------------------------------------
 def p6_scale(trials=(100, 300), nodes: int = 2, profile_dir: str | None = None) -> dict:
     """The platform at scale on a simulated multi-node cluster (benchmarks/scale.py)."""
@@ -681,8 +761,8 @@ def print_p6(r: dict) -> None:
 
 PARTS = {"P1": (p1_train_step, print_p1), "P2": (p2_trial_start, print_p2), "P3": (p3_study_share, print_p3),
          "P4": (p4_generation_and_data, print_p4), "P5": (p5_gpu, print_p5), "P6": (p6_scale, print_p6),
-         "P7": (p7_length_groups, print_p7)}
-DEFAULT_PARTS = ["P1", "P2", "P3", "P4", "P5", "P7"]  # P6 takes long: only when named
+         "P7": (p7_length_groups, print_p7), "P8": (p8_attention_kernel, print_p8)}
+DEFAULT_PARTS = ["P1", "P2", "P3", "P4", "P5", "P7", "P8"]  # P6 takes long: only when named
 HEADLINES = {  # (part, path into its result, what it is) for --compare
     "P1 rope vs HF Llama": ("P1", ["models", "ours_rope", "vs_hf_llama"]),
     "P1 rope of matmul": ("P1", ["models", "ours_rope", "of_matmul"]),
@@ -693,6 +773,7 @@ HEADLINES = {  # (part, path into its result, what it is) for --compare
     "P4 cache speed-up at 4x": ("P4", ["generation", "4x", "speedup"]),
     "P6 overhead/trial at N=100 (ms)": ("P6", ["100", "driver_overhead_ms_per_trial"]),
     "P7 length groups, reversal encoder": ("P7", ["reverse, learned, sequential, encoder", "speedup"]),
+    "P8 bf16 Abacus step, math / flash": ("P8", ["cells", "addition, nope, sequential, abacus", "speedup"]),
 }
 
 

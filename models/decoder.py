@@ -16,6 +16,7 @@ encoding x ids"; the position head and the reference's options: docs/trial.md.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -23,6 +24,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.encodings import ENCODINGS, Abacus, PositionalEncoding
 from models.encodings.alibi import alibi_slopes  # noqa: F401  (importable from here too)
@@ -87,6 +89,19 @@ class ModelConfig:
 KVCache = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
+MATH_ATTENTION_MAX_KEYS = 128
+
+
+def attention_kernel(q: torch.Tensor, k: torch.Tensor):
+    """PyTorch's math attention kernel where it trains faster: on CPU, in bf16, with a gradient, at
+    most MATH_ATTENTION_MAX_KEYS keys. There the flash kernel's backward costs 1.3-6x the math
+    kernel's forward and backward, and its gradients are no closer to fp64 (docs/speed.md)."""
+    if (q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_grad_enabled() and q.requires_grad
+            and k.shape[-2] <= MATH_ATTENTION_MAX_KEYS):
+        return sdpa_kernel(SDPBackend.MATH)
+    return contextlib.nullcontext()
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -118,10 +133,11 @@ class Attention(nn.Module):
         if cache is not None:
             k = torch.cat([cache[0], k], dim=2)
             v = torch.cat([cache[1], v], dim=2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias, is_causal=causal, dropout_p=self.cfg.dropout if self.training else 0.0,
-            scale=None if self.cfg.attn_scale == "sqrt" else 1.0,
-        )
+        with attention_kernel(q, k):
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, is_causal=causal, dropout_p=self.cfg.dropout if self.training else 0.0,
+                scale=None if self.cfg.attn_scale == "sqrt" else 1.0,
+            )
         if self.record_last_query:
             scores = q[:, :, -1:] @ k.transpose(-1, -2)
             if self.cfg.attn_scale == "sqrt":

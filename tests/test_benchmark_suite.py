@@ -1,4 +1,4 @@
-"""benchmarks/suite.py's parts P1, P4, P5 and P7 run as a user runs them, at sizes for CI: a part that
+"""benchmarks/suite.py's parts P1, P4, P5, P7 and P8 run as a user runs them, at sizes for CI: a part that
 rots (an import the restructure moved, a model option renamed) fails here, not in front of a user.
 The figures themselves are machine-dependent and belong to the benchmark, not to assertions here."""
 
@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from benchmarks.suite import p1_train_step, p4_generation_and_data, p5_gpu, p7_length_groups
+from benchmarks.suite import (
+    p1_train_step,
+    p4_generation_and_data,
+    p5_gpu,
+    p7_length_groups,
+    p8_attention_kernel,
+)
 
 
 def test_p1_times_every_encoding_against_hf_llama():
@@ -46,3 +52,14 @@ def test_p7_times_a_claims_cells_in_length_groups_and_counts_the_padding_they_sk
     for row in r.values():
         assert row["one_batch_s"] > 0 and row["grouped_s"] > 0 and row["speedup"] > 0
         assert 0 < row["not_padding_one"] < row["not_padding_grouped"] <= 1
+
+
+def test_p8_times_bf16_attention_kernels_by_keys_and_a_bf16_claim_cells_step_with_each():
+    r = p8_attention_kernel(keys=(16, 256), repeats=1, steps=2, claims=("abacus_addition",))
+    assert set(r["kernels"]) == {"16", "256"}
+    assert all(row["flash_s"] > 0 and row["math_s"] > 0 for row in r["kernels"].values())
+    assert set(r["cells"]) == {"addition, nope, sequential, abacus", "addition, learned, random_shift"}
+    assert all(c["flash_s"] > 0 and c["chosen_s"] > 0 for c in r["cells"].values())
+    import models.decoder
+
+    assert models.decoder.MATH_ATTENTION_MAX_KEYS == 128  # restored after the flash-only steps

@@ -1,5 +1,7 @@
 """Semantics of the decoder, its positional encodings, id schemes and generation."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -271,3 +273,49 @@ def test_new_model_options_default_to_the_old_model():
         out_c, _ = generate(other, tokens, ids, 5, "sequential", use_cache=True)
         out_u, _ = generate(other, tokens, ids, 5, "sequential", use_cache=False)
         assert torch.equal(out_c, out_u), kw
+
+
+def _backward_nodes(tensor: torch.Tensor) -> set[str]:
+    seen, todo = set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is not None and node.name() not in seen | {"torch::autograd::AccumulateGrad"}:
+            seen.add(node.name())
+            todo += [next_fn for next_fn, _ in node.next_functions]
+    return seen
+
+
+@pytest.mark.parametrize("encoding", ["nope", "alibi"])  # a causal mask, and a score bias
+def test_bf16_training_on_cpu_takes_the_math_attention_kernel_and_keeps_fp64s_gradients(encoding):
+    """On CPU in bf16 at <= MATH_ATTENTION_MAX_KEYS keys the flash kernel's backward is 1.3-6x slower
+    (benchmarks/suite.py, P8): the training forward records the math kernel's graph, whose gradients
+    stay as close to fp64's as bf16 allows; fp32 and longer sequences keep the flash kernel."""
+    from models import decoder
+
+    def attention_grad(dtype, keys):
+        torch.manual_seed(1)
+        q, k, v = (torch.randn(2, 4, keys, 16, dtype=torch.float64) for _ in range(3))
+        qc, kc, vc = (t.to(dtype).requires_grad_() for t in (q, k, v))
+        with decoder.attention_kernel(qc, kc):
+            out = torch.nn.functional.scaled_dot_product_attention(qc, kc, vc, is_causal=True)
+        out.float().square().sum().backward()
+        return out, qc.grad.double()
+
+    def flash(node_names):
+        return any("Flash" in n for n in node_names)
+
+    out, grad = attention_grad(torch.bfloat16, 24)
+    assert not flash(_backward_nodes(out))
+    assert flash(_backward_nodes(attention_grad(torch.float32, 24)[0]))
+    assert flash(_backward_nodes(attention_grad(torch.bfloat16, decoder.MATH_ATTENTION_MAX_KEYS + 1)[0]))
+    _, exact = attention_grad(torch.float64, 24)
+    assert (grad - exact).abs().max() / exact.abs().max() < 2e-2  # bf16 keeps 8 bits: 2^-8 per op
+
+    model = make_model(encoding).train()
+    tokens, ids = rand_inputs(B=2, T=12)
+    with torch.autocast("cpu", torch.bfloat16):
+        logits, _, _ = model(tokens, ids)
+    assert not flash(_backward_nodes(logits))
+    q = torch.zeros(1, 1, 12, 8, dtype=torch.bfloat16, requires_grad=True)
+    with torch.no_grad():  # evaluation keeps the flash kernel, whose forward is the faster one
+        assert isinstance(decoder.attention_kernel(q, q), contextlib.nullcontext)
