@@ -93,11 +93,11 @@ MATH_ATTENTION_MAX_KEYS = 128
 
 
 def attention_kernel(q: torch.Tensor, k: torch.Tensor):
-    """PyTorch's math attention kernel where it trains faster: on CPU, in bf16, with a gradient, at
-    most MATH_ATTENTION_MAX_KEYS keys. There the flash kernel's backward costs 1.3-6x the math
-    kernel's forward and backward, and its gradients are no closer to fp64 (docs/speed.md)."""
-    if (q.device.type == "cpu" and q.dtype == torch.bfloat16 and torch.is_grad_enabled() and q.requires_grad
-            and k.shape[-2] <= MATH_ATTENTION_MAX_KEYS):
+    """PyTorch's math attention kernel where it trains faster: on CPU, in bf16, with a gradient (not
+    under no_grad), at most MATH_ATTENTION_MAX_KEYS keys. There the flash kernel's backward costs
+    1.3-6x the math kernel's forward and backward, and its gradients are no closer to fp64
+    (docs/speed.md)."""
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad and k.shape[-2] <= MATH_ATTENTION_MAX_KEYS:
         return sdpa_kernel(SDPBackend.MATH)
     return contextlib.nullcontext()
 
