@@ -10,7 +10,8 @@ MFU under DeepSpeed ZeRO-2, P6 (only when named: `--only P6`) the study platform
 (benchmarks/scale.py), P7 a step of the field claims' cells in length groups against one padded
 batch, P8 bf16 attention on CPU, the flash kernel against the math kernel. Every ratio is a median
 over interleaved repeats. Results go to stdout and, with --json, to a file a later run can be
-compared with (--compare). What each part measures, and its figures: docs/speed.md (P1-P5, P7, P8) and docs/scale.md (P6).
+compared with (--compare). What each part measures, and its figures: docs/speed.md (P1-P5, P7, P8)
+and docs/scale.md (P6).
 """
 
 from __future__ import annotations
@@ -638,7 +639,7 @@ def _claim_cells(steps: int, claims: tuple[str, ...] | None, bf16_only: bool = F
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         batches = StepBatches(task, cfg.positional.scheme, cfg.optim.batch_size, 0, 0, 1, steps)
         xs = [(Tensors(i["tokens"], i["ids"], i["loss_mask"], i["answer_mask"], i.get("places")), i["tokens_seen"])
-              for i in map(batches.__getitem__, range(len(batches)))]  # a Dataset: no end of its own when iterated
+              for i in (batches[n] for n in range(len(batches)))]  # a Dataset: no end of its own when iterated
         mixed = torch.autocast("cpu", torch.bfloat16) if cfg.deepspeed.bf16 == "mixed" else contextlib.nullcontext()
         yield name, cfg, model, opt, xs, mixed
 

@@ -97,7 +97,8 @@ def attention_kernel(q: torch.Tensor, k: torch.Tensor):
     under no_grad), at most MATH_ATTENTION_MAX_KEYS keys. There the flash kernel's backward costs
     1.3-6x the math kernel's forward and backward, and its gradients are no closer to fp64
     (docs/speed.md)."""
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad and k.shape[-2] <= MATH_ATTENTION_MAX_KEYS:
+    on_cpu_bf16 = q.device.type == "cpu" and q.dtype == torch.bfloat16
+    if on_cpu_bf16 and q.requires_grad and k.shape[-2] <= MATH_ATTENTION_MAX_KEYS:
         return sdpa_kernel(SDPBackend.MATH)
     return contextlib.nullcontext()
 
