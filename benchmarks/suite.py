@@ -517,7 +517,7 @@ def p5_gpu(steps: int = 10, dims: dict | None = None, device: str | None = None,
     compiled, against the card's datasheet peak and its measured matmul rate, with a profile of
     where a step's time goes. Needs CUDA unless `device` says cpu (the device check's rehearsal)."""
     if device is None and not torch.cuda.is_available():
-        return {"skipped": "no CUDA device here; run on a GPU machine (benchmarks/device.py)"}
+        return {"skipped": "no CUDA device here; run on a GPU machine (gpu/check.py)"}
     dev = torch.device(device or "cuda")
     import deepspeed
 
@@ -601,7 +601,7 @@ def print_p5(r: dict) -> None:
 
 # --- P7 --------------------------------------------------------------------------------------
 def p7_length_groups(steps: int = 24, claims: tuple[str, ...] | None = None, groups: int = 4) -> dict:
-    """A training step of each field claim's cell (benchmarks/field_claims.py) on its own batches: one
+    """A training step of each field claim's cell (the claims of FIELD_CLAIM_SPECS) on its own batches: one
     batch padded to its longest sequence against the same batch in `groups` length groups
     (`optim.length_groups`), interleaved step by step, with the share of the computed tokens that
     are not padding. The module and AdamW as the engine runs them (autocast where the spec says
@@ -614,20 +614,36 @@ def p7_length_groups(steps: int = 24, claims: tuple[str, ...] | None = None, gro
         torch.set_num_threads(threads)
 
 
+FIELD_CLAIM_SPECS = ("schemes_abacus_train10", "schemes_randomized_encoder", "schemes_multiplication_coupled",
+                     "schemes_randomized_published")
+
+
+def _claim_configs(claims: tuple[str, ...] | None):
+    """The trial config (seed 0) of each cell the field's claims compare (`claims`: those named), the
+    costliest first."""
+    from study.spec.schema import load_spec
+
+    configs = []
+    for name in FIELD_CLAIM_SPECS:
+        spec = load_spec(str(ROOT / "search_spaces" / "experiments" / f"{name}.yaml"))
+        for claim in spec.claims:
+            if claims is not None and claim.name not in claims:
+                continue
+            cells = {c.index: c for c in spec.claim_cells(claim) if c is not None}
+            configs += [spec.checked_config(c) for c in cells.values()]
+    return sorted(configs, key=lambda c: -c.n_parameters() * c.optim.steps * c.optim.batch_size)
+
+
 def _claim_cells(steps: int, claims: tuple[str, ...] | None, bf16_only: bool = False):
     """Each field claim's cell once (the first seed's trial): its name, config, module (seeded), AdamW,
     `steps` of its own batches, and the autocast its spec's precision asks for."""
     import contextlib
 
-    from benchmarks.field_claims import FIELD_CLAIMS, claim_jobs
     from trial.batches import StepBatches
-    from trial.config import TrialConfig
     from trial.evaluate import Tensors
 
-    jobs, _ = claim_jobs([c for c in FIELD_CLAIMS if claims is None or c.name in claims], [0], None)
     seen = set()
-    for job in jobs:
-        cfg = TrialConfig.model_validate(job["trial"])
+    for cfg in _claim_configs(claims):
         name = f"{cfg.task.name}, {cfg.positional.encoding}, {cfg.positional.ids}" + \
             (", abacus" if cfg.positional.abacus else "") + (", encoder" if cfg.model.output == "encoder" else "")
         if name in seen or (bf16_only and not cfg.deepspeed.bf16):

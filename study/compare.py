@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, source in enumerate(args.studies):
         with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
             try:
-                spec, results, where = read_study(source, args.mlflow_uri, tmp)
+                spec, results, where, _folder = read_study(source, args.mlflow_uri, tmp)
             except SystemExit as e:  # read_study's one-line errors: bad input
                 if isinstance(e.code, str):
                     print(e.code, file=sys.stderr)

@@ -13,8 +13,15 @@ from study.results.tables import check_report_files, markdown_summary, report_fr
 from study.spec.schema import StudySpec
 
 
-def read_study(source: str, tracking_uri: str | None, tmp: str) -> tuple[StudySpec, pd.DataFrame, str]:
-    """(spec, results, where) of a study folder or bucket prefix, or of an MLflow experiment's parent run."""
+def read_series(folder: str) -> pd.DataFrame | None:
+    """series.csv of a study folder read by `read_study` (None where no trial tracked anything)."""
+    path = os.path.join(folder, "series.csv")
+    return pd.read_csv(path) if os.path.exists(path) else None
+
+
+def read_study(source: str, tracking_uri: str | None, tmp: str) -> tuple[StudySpec, pd.DataFrame, str, str]:
+    """(spec, results, where, the local folder of its report files) of a study folder or bucket prefix,
+    or of an MLflow experiment's parent run."""
     from trial import storage as store
 
     if store.is_uri(source) or os.path.isdir(source):
@@ -34,7 +41,7 @@ def read_study(source: str, tracking_uri: str | None, tmp: str) -> tuple[StudySp
         raise SystemExit(f"error: {where}: {broken}; `python study/run.py --resume` writes it again")
     with open(os.path.join(folder, "study_spec.json")) as f:
         spec = StudySpec.model_validate_json(f.read())
-    return spec, pd.read_csv(os.path.join(folder, "results.csv")), where
+    return spec, pd.read_csv(os.path.join(folder, "results.csv")), where, folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,14 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="report-") as tmp:
         try:
-            spec, results, where = read_study(args.study, args.mlflow_uri, tmp)
+            spec, results, where, folder = read_study(args.study, args.mlflow_uri, tmp)
         except SystemExit as e:  # read_study's one-line errors: bad input
             if isinstance(e.code, str):
                 print(e.code, file=sys.stderr)
                 return 2
             raise
         out = args.out or (args.study if os.path.isdir(args.study) else f"report-{spec.name}")
-        selected, summary, files = report_from_results(spec, results, out)
+        from study.results.verdicts import judge
+
+        selected, summary, files = report_from_results(spec, results, out, read_series(folder), judge(spec, results))
     print(f"study {spec.name} from {where}: {results.trial_id.nunique()} trials")
     print(("\n" + markdown_summary(spec, selected, summary)) if args.markdown else
           "\n".join(summary_lines(spec, selected, summary)))

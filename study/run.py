@@ -135,9 +135,9 @@ def run_command(args) -> int:
         os.environ.update(LOCAL_ONLY_ENV)  # before ray is imported
     tracking_uri = _tracking_uri(args, storage, study_dir)
     _checked_record(args.recorder, spec, study_dir, tracking_uri, stored)
-    (selected, summary, files, failed, unrecorded), recorder = _run_locked(args, spec, study_dir, tracking_uri, address,
-                                                                            concurrency, stored)
-    print("\n".join(closing_lines(spec, selected, summary, files, recorder)))
+    (selected, summary, files, failed, unrecorded, claims), recorder = _run_locked(
+        args, spec, study_dir, tracking_uri, address, concurrency, stored)
+    print("\n".join(closing_lines(spec, selected, summary, files, recorder) + claims))
     chosen = set(selected["cell"]) if "cell" in selected else set()
     unselected = [c.label for c in spec.cells() if c.label not in chosen]
     if unrecorded:

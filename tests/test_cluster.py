@@ -324,7 +324,7 @@ def test_kuberay_manifests():
 
     jspec = docs["RayJob"]["spec"]
     assert ("rayClusterSpec" in jspec) != ("clusterSelector" in jspec)
-    assert "python study/run.py --space search_spaces/paper_sparse_parity.yaml" in jspec["entrypoint"]
+    assert "python study/run.py --space search_spaces/experiments/paper_sparse_parity.yaml" in jspec["entrypoint"]
     if "clusterSelector" in jspec:
         assert jspec["clusterSelector"]["ray.io/cluster"] == rc["metadata"]["name"]
 
@@ -676,7 +676,7 @@ def test_dry_run_names_the_node_type_of_each_trial(cloud, capsys, monkeypatch):
     from study import run as run_cli
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    space = ROOT / "search_spaces" / "paper_sparse_parity.yaml"
+    space = ROOT / "search_spaces" / "experiments" / "paper_sparse_parity.yaml"
     try:
         code = run_cli.main(["--space", str(space), "--dry-run", "--cluster", str(LAUNCHER[cloud])])
     except SystemExit as e:  # argparse: no such flag

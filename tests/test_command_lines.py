@@ -16,9 +16,8 @@ from study.results.tables import report_from_results
 from study.spec.schema import load_spec
 
 COMMANDS = ["study.run", "study.train", "study.report", "study.compare", "study.loss_gap", "study.sparsity",
-            "tasks.__main__", "benchmarks.coupling", "benchmarks.schemes", "benchmarks.sparsity",
-            "benchmarks.per_position", "benchmarks.suite", "benchmarks.scale", "benchmarks.device",
-            "benchmarks.mlflow_ui"]
+            "study.claims", "study.results_page", "study.sparsity_check", "study.per_position",
+            "tasks.__main__", "benchmarks.suite", "benchmarks.scale", "gpu.check", "benchmarks.mlflow_ui"]
 
 
 @pytest.mark.parametrize("module", COMMANDS)

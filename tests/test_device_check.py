@@ -1,4 +1,4 @@
-"""The GPU check (benchmarks/device.py, benchmarks/device_check.sh), rehearsed on this CPU so that a
+"""The GPU check (gpu/check.py, gpu/check.sh), rehearsed on this CPU so that a
 GPU call, minutes long and rarely at hand, never finds a broken script: the wheels it carries, its
 plan shrunk to a few steps with the study level's packages absent (as on the GPU machine), and its
 deadline."""
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import device, device_wheels
+from gpu import check as device
+from gpu import wheels as device_wheels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,8 +24,8 @@ def wheels(tmp_path_factory) -> list[Path]:
 
 
 def test_the_wheels_fit_the_transfer_and_need_nothing_the_gpu_machine_lacks(wheels, tmp_path):
-    names = {device_wheels._norm(w.name.split("-")[0]) for w in wheels}
-    assert names == {device_wheels._norm(n) for n in device_wheels.CARRIED}
+    names = {device_wheels.normalized_name(w.name.split("-")[0]) for w in wheels}
+    assert names == {device_wheels.normalized_name(n) for n in device_wheels.CARRIED}
     assert sum(w.stat().st_size for w in wheels) < device_wheels.WHEEL_LIMIT / 4  # the tree travels too
     assert device_wheels.unmet_requirements(wheels) == {}
     # they install for the GPU machine's Python (its tags, not this machine's)
@@ -50,7 +51,7 @@ def test_the_shrunk_plan_runs_every_step_without_the_study_levels_packages(tmp_p
                                             "    sys.modules[m] = None\n")
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(block), "WHEELS": str(tmp_path / "none"), "PYTHON": sys.executable}
-    done = subprocess.run([str(ROOT / "benchmarks" / "device_check.sh"), str(out), "300", "--shrink"],
+    done = subprocess.run([str(ROOT / "gpu" / "check.sh"), str(out), "300", "--shrink"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]
     report = json.loads((out / "device.json").read_text())
@@ -80,3 +81,28 @@ def test_the_budget_is_the_largest_that_fits_what_is_left(left_s, expected):
     steps = device.plan_steps(50000, 1000, 500, per_step_s=0.010, per_report_s=1.0, fixed_s=20, left_s=left_s)
     assert steps == expected
     assert steps % 1000 == 0 and 500 <= steps <= 50000
+
+
+def test_the_headline_plan_and_its_half_width_rehearse_on_cpu(tmp_path):
+    """Cho et al.'s headline configuration (1-30 digits, a fixed set, no leading zeros, the best step by
+    its loss at 100 digits) and its half-width variant, each fit to the deadline, shrunk."""
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "gpu.check", "run", "--out", str(out), "--deadline-s", "400",
+                           "--shrink", "--only", "headline", "headline_half"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    report = json.loads((out / "device.json").read_text())
+    for name in ("headline", "headline_half"):
+        r = report[name]
+        assert set(r["exact"]) == {f"{c}/{x}x" for c in ("best", "last") for x in ("1", "2")}, r
+        assert r["plan"]["share_of_budget"] == 1.0 and r["plan"]["lr"] == 1e-4  # the whole (shrunk) budget
+        assert (out / f"{name}_progress.csv").read_text().splitlines()[0].endswith("track/len60/loss,wall_s")
+    assert report["headline_half"]["config"]["model"]["d_model"] * 2 == report["headline"]["config"]["model"]["d_model"]
+    assert report["p5"] == {"not_run": "not asked for (--only)"}
+
+
+def test_a_headline_run_of_a_fifth_of_its_steps_or_fewer_trains_at_the_higher_lr():
+    optim = {"lr": 1e-4, "steps": 50_000, "warmup_steps": 500}
+    assert device.fitted_optim(optim, 10_000, 50_000) == {"lr": 3e-4, "steps": 10_000, "warmup_steps": 100}
+    assert device.fitted_optim(optim, 10_001, 50_000) == {"lr": 1e-4, "steps": 10_001, "warmup_steps": 100}
+    assert device.fitted_optim(optim, 50_000, 50_000)["lr"] == 1e-4

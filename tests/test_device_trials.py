@@ -1,4 +1,4 @@
-"""Trials side by side on one GPU (benchmarks/device_trials.py), rehearsed on this CPU: each trial's
+"""Trials side by side on one GPU (gpu/trials.py), rehearsed on this CPU: each trial's
 plan, files and exact match come back, a trial past the deadline is stopped and named, and a bad
 trial is refused before anything trains."""
 

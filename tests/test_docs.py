@@ -120,11 +120,11 @@ def recorded_smoke_study(folder: Path) -> Path:
 
 
 def test_the_sparsity_table_is_written_by_its_command_from_a_study(tmp_path, capsys):
-    """`python -m benchmarks.sparsity --study DIR --docs PAGE` replaces the block between its markers
+    """`python -m study.sparsity_check --study DIR --docs PAGE` replaces the block between its markers
     with the selected configs' figures as the study stored them, and leaves the rest of the page."""
     import pandas as pd
 
-    from benchmarks import sparsity
+    from study import sparsity_check as sparsity
 
     study = recorded_smoke_study(tmp_path / "smoke")
     page = tmp_path / "page.md"
@@ -150,7 +150,7 @@ def test_the_sparsity_table_refuses_what_it_cannot_write(tmp_path, capsys):
     """Bad input exits 2 with one line naming it, and writes nothing."""
     import pandas as pd
 
-    from benchmarks import sparsity
+    from study import sparsity_check as sparsity
     from study.results.tables import report_from_results
     from study.spec.schema import load_spec
 

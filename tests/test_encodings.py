@@ -307,22 +307,8 @@ def test_abacus_needs_a_task_with_digit_places():
         TrialConfig.model_validate({"task": {"name": "parity", "params": {"train_length": 3}}, **base})
 
 
-def test_benchmark_cells_pick_by_whole_label_or_part():
-    from pathlib import Path
-
-    from benchmarks.coupling import jobs_for
-
-    spec = Path(__file__).resolve().parents[1] / "search_spaces" / "coupling_reference_block.yaml"
-    every, _ = jobs_for(spec, [0], None)
-    whole = every[1]["cell"]  # a label the T5 cell's label extends: picks that cell alone
-    assert [j["cell"] for j in jobs_for(spec, [0], None, [whole])[0]] == [whole]
-    assert len(jobs_for(spec, [0], None, ["init=t5"])[0]) == 1
-    with pytest.raises(ValueError, match="no cell"):
-        jobs_for(spec, [0], None, ["init=xavier"])
-
-
 def test_generated_docs_tables_replace_their_own_block_only(tmp_path):
-    from benchmarks.docs import write_generated
+    from study.results.generated import write_generated
 
     page = tmp_path / "page.md"
     page.write_text("# Page\n\nprose before\n")
@@ -335,26 +321,12 @@ def test_generated_docs_tables_replace_their_own_block_only(tmp_path):
     assert "x.yaml --seeds 3`" in text
 
 
-def test_benchmark_tables_name_what_differs_and_the_command_that_trains_them():
-    from benchmarks.coupling import command_line
-    from benchmarks.runs_table import differing
-
-    assert command_line(["a.yaml", "--from-json", "x.json", "y.json", "--docs", "d.md", "--seeds", "3"]) == \
-        ["a.yaml", "--seeds", "3"]
-    assert differing(["d=1,n=2", "d=1,n=2,init=t5", "d=1,n=3"]) == {"d=1,n=2": "n=2", "d=1,n=2,init=t5": "n=2,init=t5",
-                                                                      "d=1,n=3": "n=3"}
-    assert differing(["d=1", "d=1,init=t5"]) == {"d=1": "base", "d=1,init=t5": "init=t5"}
-    assert differing(["only"]) == {"only": "only"}
-    betas = ["lr=1,betas=[0.9, 0.98],n=2", "lr=2,betas=[0.9, 0.95],n=2"]  # a list value is one factor
-    assert differing(betas) == {betas[0]: "lr=1,betas=[0.9, 0.98]", betas[1]: "lr=2,betas=[0.9, 0.95]"}
-
-
 def test_per_position_accuracy_runs_on_an_abacus_model(tmp_path, capsys):
-    """benchmarks/per_position.py hands an Abacus model its digit places, as the evaluation does
+    """study/per_position.py hands an Abacus model its digit places, as the evaluation does
     (without them the model refuses to run)."""
     import yaml
 
-    from benchmarks.per_position import main
+    from study.per_position import main
 
     config = tmp_path / "abacus.yaml"
     config.write_text(yaml.safe_dump({

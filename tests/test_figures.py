@@ -99,8 +99,9 @@ DEFAULT_FIGURES = {"accuracy_vs_length.png", "accuracy_by_task_params_train_k.pn
 # parities (a panel per task: by scheme; by task, a panel mixes tasks and has no one level); none of
 # variable assignment's
 @pytest.mark.parametrize("space, with_chance", [("default", DEFAULT_FIGURES),
-                                                ("schemes_by_task", {"accuracy_vs_length.png", "accuracy_by_positional.png"}),
-                                                ("coupling_variable_assignment", set())])
+                                                ("experiments/schemes_by_task",
+                                                 {"accuracy_vs_length.png", "accuracy_by_positional.png"}),
+                                                ("experiments/coupling_variable_assignment", set())])
 def test_a_studys_figures_have_a_title_readable_labels_chance_and_every_text_inside(space, with_chance, written,
                                                                                    tmp_path):
     spec = load_spec(str(ROOT / "search_spaces" / f"{space}.yaml"))
@@ -129,28 +130,6 @@ def test_a_trials_figure_names_its_task_scheme_budget_and_seed(written, tmp_path
     assert fig["outside"] == [] and "chance (0.5)" in fig["lines"]
     assert fig["title"].startswith("sparse_parity, ") and " steps x batch " in fig["title"] and "seed" in fig["title"]
     assert (tmp_path / "accuracy_vs_length.pdf").exists()
-
-
-def test_the_tracked_series_figure_keeps_its_long_legend_inside(written, tmp_path):
-    """A tracked-series figure whose cells differ in six model options (the T5-model ablations): the legend that
-    tells its lines apart must fit."""
-    from benchmarks.runs_table import differing
-    from benchmarks.trajectory import plot_trajectory, runs_title
-
-    cells = ["base", "norm=rms,norm_position=pre_post,ffn=gated_gelu,tie_embeddings=True,attn_scale=none,init=t5",
-             "norm=rms,norm_position=pre_post,ffn=gated_gelu,tie_embeddings=True,attn_scale=none"]
-    series = [{"spec": "coupling_reference_block", "cell": cell, "seed": seed, "step": step,
-               **{f"track/len{n}/{m}": step / 1000 for n in (16, 24) for m in ("exact", "loss", "margin")}}
-              for cell in cells for seed in (0, 1) for step in (500, 1000)]
-    jobs = [{"spec": "coupling_reference_block", "trial": {"task": {"name": "addition"},
-                                                           "optim": {"steps": 8000, "batch_size": 64}}}]
-    path = plot_trajectory(series, str(tmp_path / "trajectory.png"), runs_title(jobs, [0, 1, 2]), differing(cells))
-    fig = written[Path(path).name]
-    assert fig["outside"] == [], fig["outside"]
-    assert fig["title"] == "coupling_reference_block: addition; 8,000 steps x batch 64; seeds 0 1 2"
-    legend = [t for t in fig["texts"] if "gated_gelu" in t]
-    assert len(legend) == 2 and any("init t5" in t for t in legend)  # the lines stay told apart
-    assert (tmp_path / "trajectory.pdf").exists()
 
 
 def test_the_analyses_figures_say_what_was_measured(written, tmp_path):

@@ -17,7 +17,7 @@ from study.plan import cluster_concurrency, node_fits, plan_lines
 from study.run import main as run_main
 from study.spec.schema import load_spec
 
-SCHEMES = str(ROOT / "search_spaces" / "schemes_by_task.yaml")
+SCHEMES = str(ROOT / "search_spaces" / "experiments" / "schemes_by_task.yaml")
 AWS = yaml.safe_load((ROOT / "cluster" / "aws.yaml").read_text())
 
 
@@ -67,11 +67,13 @@ def test_the_plan_names_the_precision_every_trial_takes():
 def test_set_changes_any_spec_field_before_validation():
     spec = load_spec(str(ROOT / "search_spaces" / "default.yaml"), overrides=[
         "name=default_gpu", "base.optim.steps=100", "resources.gpus_per_worker=1", "search.params.optim.lr="
-        "{loguniform: [0.001, 0.01]}", "grid.task.params.train_k=[2, 3]", "replicas=2"])
+        "{loguniform: [0.001, 0.01]}", "grid.task.params.train_k=[2, 3]", "replicas=2", "claims=[]"])
     assert (spec.name, spec.base["optim"]["steps"], spec.resources.gpus_per_worker, spec.replicas) == \
         ("default_gpu", 100, 1, 2)
     assert spec.grid["task.params.train_k"] == [2, 3] and spec.search.params["optim.lr"].loguniform == (0.001, 0.01)
     assert spec.base["optim"]["batch_size"] == 64  # the rest of the group is kept
+    with pytest.raises(ValueError, match=r"claims\.0\.cell: .* picks no cell; .*--set claims=\[\]"):
+        load_spec(str(ROOT / "search_spaces" / "default.yaml"), overrides=["grid.task.params.train_k=[2, 3]"])
 
 
 @pytest.mark.parametrize("item, named", [

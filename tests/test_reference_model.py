@@ -117,30 +117,6 @@ def test_selection_is_validated_before_training():
         TrialConfig.model_validate(config(eval={"track": [40]}))
 
 
-def test_coupling_tables_count_the_runs_that_fit_and_those_that_extrapolate_per_checkpoint():
-    import pandas as pd
-
-    from benchmarks.runs_table import markdown
-
-    rows = [{"cell": "c", "checkpoint": checkpoint, "own_ids": True, "ids": "coupled", "k": None, "seed": seed,
-             "data_seed": data_seed, "length": length, "exact_match": exact}
-            for checkpoint, exact_2x in (("last", [1.0, 0.5, 0.96, 0.2]), ("best", [1.0, 1.0, 0.99, 0.95]))
-            for (seed, data_seed), exact in zip([(0, 0), (0, 1), (1, 0), (1, 1)], exact_2x)
-            for length, exact in ((8, 1.0 if (seed, data_seed) != (1, 1) else 0.9), (16, exact), (24, 0.0))]
-    table = markdown(pd.DataFrame(rows), train_length=8)
-    last, best = [line for line in table.splitlines() if line.startswith("| `c`")]
-    assert "last checkpoint" in last and last.endswith("| 3/4 | 2/4 |")  # run (1, 1) is 0.90 at the train length
-    assert "best checkpoint" in best and best.endswith("| 3/4 | 4/4 |")
-    assert "| runs that fit | runs >= 0.95 at 2x |" in table
-
-    # without a 2x length the runs are counted at the shortest length beyond it, and the header says so
-    longer = pd.DataFrame([{**r, "length": {16: 20}.get(r["length"], r["length"])} for r in rows])
-    table = markdown(longer, train_length=8)
-    assert "| 20 (2.5x) | 24 (3x) | runs that fit | runs >= 0.95 at 2.5x |" in table
-    assert [line for line in table.splitlines() if line.startswith("| `c`")][1].endswith("| 3/4 | 4/4 |")
-    assert markdown(longer[longer.length > 8], train_length=8).splitlines()[2].endswith("| - | 2/4 |")
-
-
 def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
     import pandas as pd
 
@@ -166,30 +142,3 @@ def test_best_records_get_their_own_mlflow_keys_and_summary_rows():
     selected = pd.DataFrame([{"cell": cell, "trial_id": "t0"}])
     summary = summarize_seeds(spec, results, selected).set_index(["length", "checkpoint"])
     assert summary.loc[(16, "best"), "runs_solved"] == 0.5 and summary.loc[(16, "last"), "runs_solved"] == 0.0
-
-
-def test_the_tracked_series_plot_has_a_panel_per_length_and_metric(tmp_path):
-    from benchmarks.trajectory import plot_trajectory, trajectory
-
-    series = [{"spec": "s", "cell": cell, "seed": seed, "step": step, "track/len16/exact": step / 1000,
-               "track/len16/loss": 1.0, "track/len16/margin": -1 + step / 1000, "track/len24/exact": 0.0,
-               "track/len24/loss": 2.0, "track/len24/margin": -2.0}
-              for cell in ("a", "b") for seed in (0, 1) for step in (250, 500)]
-    plot_trajectory(series, str(tmp_path / "t.png"))
-    assert (tmp_path / "t.png").stat().st_size > 10_000
-    table = trajectory(series)
-    assert "track/len24/margin" in table and "500" in table
-
-
-def test_the_docs_print_the_tracked_series_a_row_per_cell_and_metric_mean_over_seeds():
-    from benchmarks.trajectory import trajectory_markdown
-
-    series = [{"spec": "s", "cell": cell, "seed": seed, "step": step, "track/len16/exact": seed / 2 + step / 1000,
-               "track/len16/loss": 1.0, "select/exact": None}
-              for cell in ("long,a", "long,b") for seed in (0, 1) for step in range(100, 1100, 100)]
-    lines = trajectory_markdown(series, train_length=8, labels={"long,a": "a"}, columns=4).splitlines()
-    assert lines[-6] == "| cell | tracked | seeds | step 100 | step 400 | step 700 | step 1,000 |"
-    assert "| `a` | exact at 16 (2x) | 2 | 0.35 | 0.65 | 0.95 | 1.25 |" in lines
-    assert "| `long,b` | loss at 16 (2x) | 2 | 1.00 | 1.00 | 1.00 | 1.00 |" in lines
-    assert not any("selection" in line for line in lines)  # a metric no seed tracked gets no row
-    assert trajectory_markdown([], 8, {}) == ""

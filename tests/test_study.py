@@ -134,7 +134,7 @@ def test_dry_run_prints_the_plan_of_every_shipped_spec(capsys, monkeypatch):
     from study import run as run_cli
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    for spec in sorted((ROOT / "search_spaces").glob("*.yaml")):
+    for spec in sorted([*(ROOT / "search_spaces").glob("*.yaml"), *(ROOT / "search_spaces" / "experiments").glob("*.yaml")]):
         code = run_cli.main(["--space", str(spec), "--dry-run"])
         out, err = capsys.readouterr()
         assert code == 0, (spec.name, err)
@@ -495,6 +495,19 @@ def stop_ray_started_here(head: Head, ray_tmp: str) -> None:
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+# the Abacus claim study, shrunk by --set to two cells of two seeds and a few steps of a tiny model
+ABACUS_SHRUNK = [
+    "--set", "name=abacus_shrunk", "--set", "replicas=2",
+    "--set", "grid.positional=[{encoding: learned, ids: random_shift, max_position: 128}, {encoding: nope, "
+             "ids: sequential, max_position: 128, abacus: true, abacus_offset: sample, abacus_max_offset: 40, "
+             "abacus_norm: true, abacus_init_std: 0.088}]",
+    *[arg for item in ("base.optim.steps=4", "base.optim.warmup_steps=0", "base.optim.batch_size=8",
+                       "base.model.d_model=16", "base.model.n_layers=1", "base.eval.samples_per_point=4",
+                       "base.eval.val_samples=4", "base.eval.every_steps=2", "base.eval.batch_size=4")
+      for arg in ("--set", item)],
+]
+
+
 def test_ray_job_submit_to_a_head_node(tmp_path):
     # the job gets a copy of the tracked files as its working dir; it must use that code
     work = tmp_path / "checkout"
@@ -509,7 +522,8 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
         wait_for_job_api(ray_cli, tmp_path, env, head)
         out = subprocess.run(
             [*ray_cli, "--working-dir", str(work), "--", "python", "study/run.py", "--space",
-             "search_spaces/smoke.yaml", "--storage", str(storage), "--mlflow-uri", f"sqlite:///{db}"],
+             "search_spaces/experiments/schemes_abacus_train10.yaml", *ABACUS_SHRUNK, "--storage", str(storage),
+             "--mlflow-uri", f"sqlite:///{db}"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
         )
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
@@ -520,12 +534,15 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
         assert ray_line.startswith("ray: cluster at "), ray_line
         assert ray_line.endswith(f":{head.ports['port']}"), ray_line
         assert "succeeded" in (out.stdout + out.stderr).lower()
+        # a few steps fit nothing: the claim is judged, and says that it cannot tell
+        assert "claim abacus_addition: inconclusive (fewer than 2 seeds where both cells fit" in out.stdout
     finally:
         stop_ray_started_here(head, ray_tmp)
-    results = pd.read_csv(storage / "smoke" / "results.csv")
+    results = pd.read_csv(storage / "abacus_shrunk" / "results.csv")
     assert results.trial_id.nunique() == 4
-    _, parents, children = mlflow_runs(db, "smoke")
+    _, parents, children = mlflow_runs(db, "abacus_shrunk")
     assert len(parents) == 1 and len(children) == 4
+    assert parents[0].data.tags["claim.abacus_addition"] == "inconclusive"
 
 
 # --- local means local ---------------------------------------------------------------------------

@@ -413,7 +413,7 @@ sys.path.insert(0, {str(ROOT)!r})
 from pathlib import Path
 import torch
 from study.spec.schema import load_spec
-specs = [load_spec(str(p)) for p in sorted(Path({str(ROOT)!r}, "search_spaces").glob("*.yaml"))]
+specs = [load_spec(str(p)) for p in sorted(Path({str(ROOT)!r}, "search_spaces").glob("**/*.yaml")) if "trials" not in p.parts and "device" not in p.parts]
 print("dynamo imported:", "torch._dynamo" in sys.modules)
 for spec in specs:
     for cell in spec.cells():

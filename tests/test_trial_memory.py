@@ -127,7 +127,7 @@ def test_a_gpu_worker_is_given_one_gpu_or_its_share():
 
 
 # --- what still fits: every shipped spec and trial config ------------------------------------------------
-SPECS = sorted((ROOT / "search_spaces").glob("*.yaml"))
+SPECS = sorted([*(ROOT / "search_spaces").glob("*.yaml"), *(ROOT / "search_spaces" / "experiments").glob("*.yaml")])
 TRIALS = sorted((ROOT / "search_spaces" / "trials").glob("*.yaml"))
 
 

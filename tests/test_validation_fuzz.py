@@ -31,7 +31,7 @@ from tasks import __main__ as tasks_cli
 from trial.config import load_trial_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SPECS = sorted((ROOT / "search_spaces").glob("*.yaml"))
+SPECS = sorted([*(ROOT / "search_spaces").glob("*.yaml"), *(ROOT / "search_spaces" / "experiments").glob("*.yaml")])
 TRIALS = sorted((ROOT / "search_spaces" / "trials").glob("*.yaml"))
 INF, NAN = float("inf"), float("nan")
 NO_K_TASKS = {name for name, cls in TASKS.items() if not cls.uses_k}

@@ -19,7 +19,9 @@ from study.experiment.snapshots import (
     snapshots_on_events,
 )
 from study.record.recorder import Recorder
-from study.results.tables import write_report
+from study.results.series import series_frame
+from study.results.tables import report_from_results, results_frame
+from study.results.verdicts import judge
 from study.spec.schema import StudySpec
 from trial import storage as store
 
@@ -226,15 +228,18 @@ def _fit(tuner, gate: SnapshotGate):
 
 
 def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], result_grid, recorder: Recorder,
-                       timing: dict) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict], str | None]:
-    """Write the report into storage, then the record's end of the study (which may fail without
-    losing the results)."""
+                       timing: dict) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[dict], str | None, list[str]]:
+    """Write the report into storage, judge the spec's claims, then the record's end of the study
+    (which may fail without losing the results)."""
     cells = {c.index: c.label for c in spec.cells()}
     failed = [{"trial_id": t["trial_id"], "cell": cells[t["config"]["cell"]], "reason": t["reason"]}
               for t in trials if t["status"] == "ERROR"]
     with tempfile.TemporaryDirectory(prefix="report-") as tmp:  # a bucket: written here, then copied
         remote = store.is_uri(study_dir)
-        selected, summary, files = write_report(spec, trials, tmp if remote else study_dir)
+        results = results_frame(spec, trials)
+        series = series_frame(spec, trials, {_trial_id(res): res.metrics_dataframe for res in result_grid})
+        verdicts = judge(spec, results)
+        selected, summary, files = report_from_results(spec, results, tmp if remote else study_dir, series, verdicts)
         if remote:  # each object whole; the marker (report.json) last, as in a folder
             for _key, path in sorted(files.items(), key=lambda kv: kv[0] == "marker"):
                 _upload(path, store.join(study_dir, os.path.basename(path)))
@@ -247,12 +252,14 @@ def _report_and_record(spec: StudySpec, study_dir: str, trials: list[dict], resu
                 print(f"record: dropped {len(dropped)} run(s) of trials started before the interruption "
                       "and not in the restored experiment (their work was redone)", flush=True)
             recorder.selection(selected)
+            if verdicts:
+                recorder.claims_judged([v.record() for v in verdicts])
             recorder.study_finished("FAILED" if failed else "FINISHED", timing, files)
         except recorder.errors as e:
             unrecorded = (f"{e}. The results are complete in {study_dir}; the record of study "
                           f"{spec.name} is not")
     written = [store.join(study_dir, os.path.basename(path)) for path in files.values()]
-    return selected, summary, written, failed, unrecorded
+    return selected, summary, written, failed, unrecorded, [v.line for v in verdicts]
 
 
 def _upload(path: str, uri: str) -> None:

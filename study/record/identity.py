@@ -28,7 +28,7 @@ from trial import storage as store
 
 FILE = "study.json"
 # what `--resume` may change: how the remaining trials are run, never what they compute
-RESUMABLE_CHANGES = ("description", "resources.max_concurrent_trials", "resources.max_failures",
+RESUMABLE_CHANGES = ("description", "claims", "resources.max_concurrent_trials", "resources.max_failures",
                      "resources.warm_processes")
 
 

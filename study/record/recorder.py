@@ -91,6 +91,10 @@ class Recorder(Protocol):
     def selection(self, selected) -> None:
         """The trial each cell selected, and its means over seeds (study/results/tables.py's table)."""
 
+    def claims_judged(self, verdicts: list[dict]) -> None:
+        """The spec's claims, judged: each one's `name`, `verdict` (holds | fails | inconclusive) and
+        `line` (study/results/verdicts.py); the table behind them is the report's claims.csv."""
+
     def study_finished(self, status: str, metrics: dict[str, float] | None = None,
                        files: dict[str, str] | None = None) -> None:
         """FINISHED, FAILED or KILLED, with the study's own metrics and its report files."""

@@ -95,7 +95,7 @@ def describe(spec: StudySpec, seeds: int | None = None) -> FigureText:
     """The study's figure text: `name: tasks, steps x batch, seeds`, each cell named by the factors
     that vary between cells, and each cell's chance level."""
     cells = spec.cells()
-    varying = {k for k in {k for c in cells for k in c.factors}
+    varying = {k for k in {k for c in cells for k in c.factors if k not in c.hidden}
                if len({repr(c.factors.get(k)) for c in cells}) > 1}
     configs = [spec.trial_config(c, {}, spec.seed) for c in cells]
     tasks = list(dict.fromkeys(cfg["task"]["name"] for cfg in configs))
@@ -237,9 +237,9 @@ def plot_factor(spec: StudySpec, summary: pd.DataFrame, factor: str, path: str,
     a line (with its band) per level, at the largest k_test <= K_train of the panel's cells."""
     text = text or FigureText()
     cells = {c.label: c for c in spec.cells()}
-    varying = {k for c in cells.values() for k in c.factors
-               if len({repr(other.factors.get(k)) for other in cells.values()}) > 1}
-    mine = {k for k in varying if _under(k, factor)}
+    varying = {k for c in cells.values() for k in c.factors if k not in c.hidden
+               and len({repr(other.factors.get(k)) for other in cells.values()}) > 1}
+    mine = varying & spec.factor_leaves(factor)
     level_of = {label: readable(c.factors, mine) for label, c in cells.items()}
     levels = list(dict.fromkeys(level_of.values()))
     if len(levels) < 2:
@@ -264,10 +264,6 @@ def plot_factor(spec: StudySpec, summary: pd.DataFrame, factor: str, path: str,
     _accuracy_axes(axes, len(panels), "answer accuracy (band: seeds' min-max)")
     wrapped_legend(fig, axes, title=FACTOR_TITLES.get(factor, SHORT_NAMES.get(factor, factor)))
     return save(fig, path)
-
-
-def _under(key: str, factor: str) -> bool:
-    return key == factor or key.startswith(factor + ".")
 
 
 def plot_sparsity(results: pd.DataFrame, path: str, text: FigureText | None = None) -> str | None:

@@ -193,10 +193,11 @@ def write_report(spec: StudySpec, trials: list[dict], out_dir: str) -> tuple[pd.
     return report_from_results(spec, results_frame(spec, trials), out_dir)
 
 
-def report_from_results(spec: StudySpec, results: pd.DataFrame, out_dir: str
-                        ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+def report_from_results(spec: StudySpec, results: pd.DataFrame, out_dir: str, series: pd.DataFrame | None = None,
+                        verdicts: list | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
     """Everything the report holds, from results.csv's rows (so `python -m study.report` can
-    rebuild it from what a study stored, without rerunning anything).
+    rebuild it from what a study stored, without rerunning anything), and series.csv and the claims'
+    verdicts (study/results/verdicts.py: claims.csv, and each verdict in report.json) where given.
 
     Nothing is written in place: the files are made in a staging folder, moved into `out_dir` one
     by one (each rename replaces a whole file), and `report.json` (MARKER: each file's sha256) comes
@@ -208,11 +209,18 @@ def report_from_results(spec: StudySpec, results: pd.DataFrame, out_dir: str
     stage = tempfile.mkdtemp(prefix=".report-", dir=out_dir)
     try:
         selected, summary, staged = _write_report_files(spec, results, stage)
+        if series is not None and not series.empty:  # kept as the study wrote it: it is no table of results.csv
+            staged["series"] = os.path.join(stage, "series.csv")
+            series.to_csv(staged["series"], index=False)
+        if verdicts:  # the table behind each claim's line, a row per judged seed
+            staged["claims"] = os.path.join(stage, "claims.csv")
+            pd.DataFrame([row for v in verdicts for row in v.table_rows()]).to_csv(staged["claims"], index=False)
         files = {key: os.path.join(out_dir, os.path.basename(path)) for key, path in staged.items()}
         for key, path in staged.items():
             os.replace(path, files[key])
         files["marker"] = os.path.join(out_dir, MARKER)
-        _write_atomic(files["marker"], json.dumps(file_digests(files), indent=1).encode())
+        marker = {**file_digests(files), **({"claims": [v.record() for v in verdicts]} if verdicts else {})}
+        _write_atomic(files["marker"], json.dumps(marker, indent=1).encode())
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return selected, summary, files
@@ -222,7 +230,8 @@ MARKER = "report.json"
 
 
 def file_digests(files: dict[str, str]) -> dict[str, dict[str, str]]:
-    """What report.json holds: {"files": {file name: sha256}} of the report's files."""
+    """report.json's files: {"files": {file name: sha256}} of the report's files (beside them, "claims":
+    each claim's verdict and line, study/results/verdicts.py)."""
     import hashlib
 
     def digest(path: str) -> str:

@@ -28,8 +28,10 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
+from study.spec.claims import ClaimSpec, pick_cell
 from study.spec.plan_bounds import check_plan_size
 from trial import metrics
+from trial.analyses import REGISTERED
 from trial.config import TaskSpec, TrialConfig, selectable_metrics
 from trial.limits import MAX_SEED, Bf16, Strict, fits, refuse_non_finite
 from trial.yaml_io import RENAMED, describe_errors, load_yaml
@@ -141,10 +143,21 @@ class ResourcesSpec(Strict):
 class Cell:
     index: int
     factors: dict[str, Any]  # flattened: dotted leaf path -> value
+    hidden: frozenset[str] = frozenset()  # leaves a linked factor sets along with the one that names it
 
     @property
     def label(self) -> str:
-        return ",".join(f"{k.split('.')[-1]}={v}" for k, v in self.factors.items()) or "all"
+        shown = (f"{k.split('.')[-1]}={v}" for k, v in self.factors.items() if k not in self.hidden)
+        return ",".join(shown) or "all"
+
+
+def is_linked(key: str) -> bool:
+    """A grid key that names a *linked factor* instead of a path into the trial config: each of its
+    values maps several dotted paths to values set together (a train length with its test lengths)."""
+    return "." not in key and key not in TRIAL_ROOTS
+
+
+TRIAL_ROOTS = {*TrialConfig.model_fields, *REGISTERED} - {"analyses"}
 
 
 class StudySpec(Strict):
@@ -161,6 +174,8 @@ class StudySpec(Strict):
                           "cell's trials; with one, the selected trial and replicas - 1 reruns of its config")
     resources: ResourcesSpec = ResourcesSpec()
     seed: int = Field(0, ge=0, le=MAX_SEED)
+    claims: list[ClaimSpec] = Field(default_factory=list, max_length=100, description="rules judged on the "
+                                    "study's record when it ends (study/spec/claims.py)")
     _checked: dict[int, TrialConfig] = PrivateAttr(default_factory=dict)  # checked_config's
 
     @model_validator(mode="before")
@@ -190,6 +205,12 @@ class StudySpec(Strict):
         for path, values in grid.items():
             if not values:
                 raise ValueError(f"{path}: needs at least one value")
+            if is_linked(path):
+                for value in values:
+                    if not isinstance(value, dict) or not value or not all(isinstance(k, str) for k in value):
+                        raise ValueError(f"{path}: is no path into the trial config (its roots: "
+                                         f"{', '.join(sorted(TRIAL_ROOTS))}), so it is a linked factor, whose "
+                                         f"every value maps dotted paths to values; got {value!r}")
             seen = set()
             for value in values:  # two equal values would make two cells with one label
                 key = json.dumps(value, sort_keys=True, default=str)
@@ -216,7 +237,34 @@ class StudySpec(Strict):
         for cell in self.cells():  # bounded now: the product is not built before the check
             for point, blame in points:
                 self._check_trial(cell, point, blame, bool((info.context or {}).get("trials_run_here")))
+        self._check_claims()
         return self
+
+    def _check_claims(self) -> None:
+        names = [c.name for c in self.claims]
+        if len(set(names)) != len(names):
+            raise ValueError(f"claims: a name given twice ({sorted({n for n in names if names.count(n) > 1})})")
+        cells = self.cells()
+        for i, claim in enumerate(self.claims):
+            picked = [pick_cell(cells, claim.cell, f"claims.{i}.cell")]
+            if claim.baseline is not None:
+                picked.append(pick_cell(cells, claim.baseline, f"claims.{i}.baseline"))
+                if picked[0] is picked[1] and claim.baseline_k in (None, claim.k):
+                    raise ValueError(f"claims.{i}.baseline: picks the claim's own cell ({picked[0].label}) "
+                                     "at the same k_test")
+            for cell in picked:
+                cfg = self._checked[cell.index]
+                if cfg.task_instance.evaluation == "loss":
+                    raise ValueError(f"claims.{i}: cell {cell.label} is scored by its loss on text; a claim "
+                                     "judges rates of generated answers")
+
+    def claim_cells(self, claim: ClaimSpec) -> tuple[Cell, Cell | None]:
+        """The claim's cell and its baseline's (None for a bound)."""
+        cells = self.cells()
+        mine = pick_cell(cells, claim.cell, "cell")
+        if claim.baseline is not None:
+            return mine, pick_cell(cells, claim.baseline, "baseline")
+        return mine, (mine if claim.baseline_k is not None else None)
 
     def _no_setting_twice(self) -> None:
         """Refuse what trial_config would silently override or leave ambiguous."""
@@ -230,7 +278,9 @@ class StudySpec(Strict):
                     raise ValueError(f"base.deepspeed.{key}: {ds[key]!r} contradicts resources.{key} "
                                      f"{getattr(self.resources, key)!r}; set it once, in resources")
         searched = list(self.search.params) if self.search else []
-        paths = [("grid", p) for p in self.grid] + [("search.params", p) for p in searched]
+        paths = [("grid", p) for p in self.grid if not is_linked(p)] + [("search.params", p) for p in searched]
+        paths += [(f"grid.{p}", inner) for p in self.grid if is_linked(p)
+                  for inner in dict.fromkeys(k for value in self.grid[p] for k in value)]
         for where, path in paths:
             if not all(path.split(".")):
                 raise ValueError(f"{where}: {path!r} is not a dotted path into the trial config")
@@ -244,10 +294,11 @@ class StudySpec(Strict):
         fixed = {f"base.{k}": k for k in flatten(self.base)}
         fixed.update({f"task.params.{k}": f"task.params.{k}" for k in flatten(self.task.params)})
         for where, path in paths:  # a fixed value a factor or the search would silently replace
-            values = self.grid[path] if where == "grid" else [None]
+            values = (self.grid[path] if where == "grid" else
+                      [v[path] for v in self.grid[where[5:]] if path in v] if where.startswith("grid.") else [None])
             leaves = {path} | {lp for v in values if isinstance(v, dict) for lp in flatten(v, path + ".")}
             for name, fixed_path in fixed.items():
-                if fixed_path in leaves or fixed_path.startswith(path + ".") and where != "grid":
+                if fixed_path in leaves or fixed_path.startswith(path + ".") and where == "search.params":
                     raise ValueError(f"{name}: also set by {where}.{path}, which would replace it; set it "
                                      "in one place")
         for (w1, p1), (w2, p2) in itertools.combinations(paths, 2):
@@ -300,10 +351,23 @@ class StudySpec(Strict):
         cells = []
         for i, values in enumerate(itertools.product(*(self.grid[p] for p in paths))):
             factors: dict[str, Any] = {}
+            hidden: set[str] = set()
             for path, value in zip(paths, values):
-                factors.update(flatten({path: value}))
-            cells.append(Cell(i, factors))
+                if is_linked(path):  # named by its first path; the rest ride along
+                    for n, (inner, v) in enumerate(value.items()):
+                        leaves = flatten({inner: v})
+                        factors.update(leaves)
+                        hidden |= set(leaves) if n else set()
+                else:
+                    factors.update(flatten({path: value}))
+            cells.append(Cell(i, factors, frozenset(hidden)))
         return cells
+
+    def factor_leaves(self, factor: str) -> set[str]:
+        """The leaf paths a grid factor sets: under its path, or every path of a linked factor."""
+        if is_linked(factor):
+            return {leaf for value in self.grid[factor] for k, v in value.items() for leaf in flatten({k: v})}
+        return {leaf for c in self.cells() for leaf in c.factors if leaf == factor or leaf.startswith(factor + ".")}
 
     def checked_config(self, cell: Cell) -> TrialConfig:
         """The cell's trial config, typed, as the check validated it (the search's first point, the

@@ -125,7 +125,7 @@ def _refuse_deleted(client, exp) -> None:
 
 def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
     """(folder, where) of the newest study named `name` in the store: its report files
-    (results.csv, study_spec.json) downloaded into `into`; a LookupError says why there is none."""
+    (results.csv, study_spec.json, series.csv where it has one) downloaded into `into`; a LookupError says why there is none."""
     import os
 
     from mlflow.tracking import MlflowClient
@@ -148,6 +148,8 @@ def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
     run_id = parents[0].info.run_id  # studies of one name (other storages): the newest
     for file in ("results.csv", "study_spec.json"):
         client.download_artifacts(run_id, file, into)
+    if any(f.path == "series.csv" for f in client.list_artifacts(run_id)):  # a study whose trials tracked lengths
+        client.download_artifacts(run_id, "series.csv", into)
     folder, where = into, f"MLflow run {run_id} of experiment {exps[parents[0].info.experiment_id].name}"
     if len(parents) > 1:
         where += (f" (the tracking store holds {len(parents)} studies of this name; this is the newest, "

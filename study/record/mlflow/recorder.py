@@ -1,16 +1,13 @@
 """MLflow records of a study: experiment = study, a parent run for the study, a child per trial.
 
-The study's Recorder (study/record/recorder.py) on the driver does all the logging (trials never
-talk to MLflow, so any tracking URI the driver reaches works, a SQLite file or a server). Children carry `mlflow.parentRunId` and
-tags with their cell's factors, so the UI can group and compare by factor. Runs are found again by
-tag on `--resume` (the parent by study, a child by Tune trial id), so nothing is duplicated.
+The driver does all the logging (trials never talk to MLflow: any URI the driver reaches works).
+Children carry `mlflow.parentRunId` and their cell's factors as tags; runs are found again by tag
+on `--resume` (the parent by study, a child by Tune trial id), so nothing is duplicated.
 
-Extrapolation is logged as `acc_len/k{K}` (and `exact_len/k{K}`) with step = test length, because
-MLflow plots metrics against step: the UI's chart of `acc_len/k3` is accuracy against length. The
-flat `acc_at_len{N}/k{K}` says its length, for the runs table. Children are tagged `role` (search |
-replica) and `selected` (true for the trial each cell selected); the parent carries the study's
-params and, per cell, the selected config's means over seeds (`cell{i}/acc_beyond`, ...); every run
-has MLflow's source tags (entry point, git commit).
+Extrapolation is logged as `acc_len/k{K}` (and `exact_len/k{K}`) with step = test length (MLflow
+plots against step) and as flat `acc_at_len{N}/k{K}`. Children are tagged `role` and `selected`; the
+parent holds the study's params, per cell the selected config's means over seeds, the claims' verdicts
+(`claim.<name>`) and the source tags: docs/records.md has every key.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import sys
 import threading
 import time
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -86,8 +83,8 @@ class MlflowRecorder:
     """The study's MLflow record (a Recorder, study/record/recorder.py). Its parent run is found by
     the study's identity (study/record/identity.py), never by name alone, and every child is looked up
     under that parent: a study never reads, tags, deletes or overwrites another study's runs, though
-    several may share an experiment (one per artifact location: experiment.py's study_experiment).
-    Without an `identity` nothing is looked up: the study gets a parent run of its own."""
+    several may share an experiment (one per artifact location: experiment.py's study_experiment);
+    without an `identity`, nothing is looked up."""
 
     errors = RECORDING_ERRORS
 
@@ -363,6 +360,13 @@ class MlflowRecorder:
                     metrics.append(Metric(f"cell{i}/{key[:-5]}", float(value), now, 0))
         for j in range(0, len(metrics), 900):
             self.client.log_batch(self.parent_id, metrics=metrics[j : j + 900])
+
+    def claims_judged(self, verdicts: list[dict]) -> None:
+        """The parent run's tags `claim.<name>` (holds | fails | inconclusive) and `claim.<name>.line`."""
+        if self.parent_id is not None:
+            self.client.log_batch(self.parent_id, tags=[RunTag(f"claim.{v['name']}{key}", v[field][:4000])
+                                                        for v in verdicts for key, field in (("", "verdict"),
+                                                                                             (".line", "line"))])
 
     def study_finished(self, status: str, metrics: dict[str, float] | None = None,
                        files: dict[str, str] | None = None) -> None:

@@ -1,0 +1,135 @@
+"""`python -m study.results_page [--docs docs/results.md]`: the one results page, from committed runs.
+
+Every claim of every experiment spec (search_spaces/experiments/) is a row: its verdict from the one
+judge (study/results/verdicts.py), exact match at the claim's test length and at 1.5x it (mean
+[min-max] over seeds), the runs that fit in distribution and that extrapolate (>= 0.95) as k/n, its
+setup, the published figure it is set beside, and the command that reruns it. The runs are the CSVs
+in docs/results/<spec>.csv (a row per run, length and k: `python -m study.results_page --add STUDY`
+copies a finished study's rows there; several studies of one spec pool). Nothing else goes into the
+page, so it is the same file byte for byte on any clone: no dates, no paths outside the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from study.results.verdicts import FITS, judge, run_points
+from study.spec.schema import StudySpec, load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "search_spaces" / "experiments"
+DATA = ROOT / "docs" / "results"
+# what a run's rows keep: enough to judge any claim of its spec again
+KEEP = ["study", "trial_id", "cell", "seed", "status", "role", "selected_from", "length", "k", "ids", "checkpoint",
+        "n", "exact_match", "answer_token_acc", "answer_acc", "val_exact"]
+
+
+def committed_runs(name: str) -> pd.DataFrame | None:
+    path = DATA / f"{name}.csv"
+    return pd.read_csv(path) if path.exists() else None
+
+
+def add_study(folder: str) -> Path:
+    """Copy a finished study's rows (KEEP) into docs/results/<spec>.csv, beside the studies of the
+    same spec already there (a study already there is replaced)."""
+    from study.report import read_study
+
+    spec, results, _where, _folder = read_study(folder, None, folder)
+    study = Path(folder).resolve().parent.name + "/" + spec.name  # <storage>/<name>: which study of the spec
+    rows = results.assign(study=study)[[c for c in KEEP if c in results.columns or c == "study"]]
+    DATA.mkdir(parents=True, exist_ok=True)
+    path = DATA / f"{spec.name}.csv"
+    old = committed_runs(spec.name)
+    if old is not None:
+        rows = pd.concat([old[old.study != study], rows], ignore_index=True)
+    rows.to_csv(path, index=False)
+    return path
+
+
+def _mean_range(values: list[float]) -> str:
+    if not values:
+        return "-"
+    low, high, mean = min(values), max(values), sum(values) / len(values)
+    return f"{mean:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{mean:.2f} [{low:.2f}-{high:.2f}]"
+
+
+def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, str]:
+    cfg = spec.checked_config(spec.claim_cells(claim)[0])
+    prior = " (`id_window`: our prior)" if cfg.positional.id_window is not None and "id_window" not in claim.setup else ""
+    command = f"`python study/run.py --space search_spaces/experiments/{spec.name}.yaml`"
+    row = {"claim": f"`{claim.name}` ({claim.source})", "setup": f"{claim.setup}{prior}",
+           "published": claim.published or "-", "rerun": command}
+    if runs is None:
+        return {**row, "verdict": "not run here", "2x": "-", "3x": "-", "fit": "-", "extrapolate": "-"}
+    verdict = next(v for v in judge(spec, runs) if v.claim.name == claim.name)
+    cell = spec.claim_cells(claim)[0]
+    points = {}
+    for times in (claim.times, claim.times * 1.5):
+        judged = claim.model_copy(update={"times": times})
+        points[times] = run_points(spec, cell, judged, claim.k, runs)
+    at = [p for p in points[claim.times].values() if not isinstance(p, str)]
+    further = [p for p in points[claim.times * 1.5].values() if not isinstance(p, str)]
+    seeds = len({key for key in points[claim.times]})
+    exact_at = [p.rate for p in at] if claim.metric == "exact_match" else []
+    return {**row, "verdict": f"**{verdict.verdict}**",
+            "2x": f"{_mean_range([p.rate for p in at])} ({claim.metric}, {at[0].length if at else '-'})",
+            "3x": f"{_mean_range([p.rate for p in further])} ({further[0].length})" if further else "-",
+            "fit": f"{sum(p.fit for p in at)}/{seeds}",
+            "extrapolate": f"{sum(r >= FITS for r in exact_at)}/{seeds}" if exact_at else "-",
+            "setup": row["setup"] + f"; {seeds} seeds"}
+
+
+def page() -> str:
+    rows = []
+    for path in sorted(EXPERIMENTS.glob("*.yaml")):
+        spec = load_spec(str(path))
+        runs = committed_runs(spec.name)
+        rows += [claim_row(spec, claim, runs) for claim in spec.claims]
+    rows.sort(key=lambda r: (r["verdict"] == "not run here", r["claim"]))
+    head = ("| claim | verdict | at the test length | at 1.5x it | runs fit | extrapolate (>= 0.95) | setup | "
+            "published | rerun |\n|---|---|---|---|---|---|---|---|---|")
+    body = "\n".join(f"| {r['claim']} | {r['verdict']} | {r['2x']} | {r['3x']} | {r['fit']} | {r['extrapolate']} | "
+                     f"{r['setup']} | {r['published']} | {r['rerun']} |" for r in rows)
+    return f"""# Results
+
+*Generated by `python -m study.results_page --docs docs/results.md` from the runs in
+[docs/results/](results/); do not edit by hand. The [README](../README.md) is the map.*
+
+Every claim an experiment spec states (search_spaces/experiments/), judged by the one judge on the
+committed runs (docs/statistics.md): a comparison **holds** when, on every seed where both cells fit
+in distribution (exact >= {FITS}) and on at least two, Newcombe's 95% interval of the difference is
+above 0 and its point estimate reaches the claim's effect; a bound holds when every run that fit
+reaches it. A claim whose cells did not fit on two seeds is **inconclusive**: such a run says
+nothing about its scheme. Figures are the claim's metric (exact match of the whole output unless it
+says otherwise) at its test length (2x the train length unless it says otherwise) and at 1.5x that,
+mean [min-max] over seeds, last checkpoint unless the claim names `best`; "runs fit" and
+"extrapolate" count seeds as k/n. Rows "not run here" have no committed runs yet: the command reruns them.
+
+{head}
+{body}
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m study.results_page", description=__doc__.split("\n")[0])
+    p.add_argument("--docs", help="write the page here (default: print it)")
+    p.add_argument("--add", nargs="+", metavar="STUDY", default=[], help="first copy these finished studies' rows "
+                   "into docs/results/")
+    args = p.parse_args(argv)
+    for folder in args.add:
+        print(f"runs: {add_study(folder).relative_to(ROOT)}")
+    text = page()
+    if args.docs:
+        Path(args.docs).write_text(text)
+        print(f"page: {args.docs}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

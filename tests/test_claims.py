@@ -1,0 +1,154 @@
+"""Claims: their place in the spec, the intervals they are judged with, and the one judge's verdicts."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from study.results.intervals import newcombe, wilson
+from study.results.verdicts import judge
+from study.spec.schema import StudySpec
+from trial.yaml_io import load_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# a two-cell study of coupled addition: the claim's cell and its baseline, three seeds each
+SPEC = {
+    "name": "claims_test",
+    "task": {"name": "addition", "params": {"train_length": 5}},
+    "base": {"positional": {"encoding": "learned", "max_position": 40},
+             "model": {"d_model": 16, "n_layers": 1, "n_heads": 2},
+             "optim": {"steps": 10, "batch_size": 8, "warmup_steps": 1}, "eval": {"lengths": [5, 10], "samples_per_point": 256}},
+    "grid": {"positional.ids": ["coupled", "random_shift"]},
+    "search": None, "replicas": 3,
+    "claims": [{"name": "coupled_beats_shift", "source": "Cho et al. 2024", "cell": {"ids": "coupled"},
+                "baseline": {"ids": "random_shift"}, "times": 2, "effect": 0.1}],
+}
+
+
+def spec_with(**changes) -> StudySpec:
+    data = copy.deepcopy(SPEC)
+    data.update(changes)
+    return StudySpec.model_validate(data)
+
+
+def results(spec: StudySpec, rates: dict[str, list[float]], fit: dict[str, list[float]] | None = None,
+            n: int = 256) -> pd.DataFrame:
+    """results.csv rows: per cell label fragment, a run per seed with exact match `fit` at the train
+    length (1.0 unless given) and `rates` at 2x."""
+    rows = []
+    for cell in spec.cells():
+        key = next(k for k in rates if k in cell.label)
+        for seed, rate in enumerate(rates[key]):
+            fits = (fit or {}).get(key, [1.0] * len(rates[key]))[seed]
+            ids = spec.checked_config(cell).positional.scheme.own_ids
+            common = {"trial_id": f"{cell.index}-{seed}", "cell": cell.label, "seed": seed, "status": "TERMINATED",
+                      "role": "search", "ids": ids, "n": n, "k": None}
+            rows.append({**common, "length": 5, "exact_match": fits, "answer_token_acc": fits})
+            rows.append({**common, "length": 10, "exact_match": rate, "answer_token_acc": rate})
+    return pd.DataFrame(rows)
+
+
+def test_wilson_and_newcombe_stay_right_at_0_and_1():
+    low, high = wilson(0, 256)
+    assert low == 0 and 0.01 < high < 0.02  # not the Wald interval's zero width
+    low, high = wilson(256, 256)
+    assert high == 1 and 0.98 < low < 0.99
+    assert newcombe(4, 256, 0, 256)[0] < 0 < newcombe(40, 256, 0, 256)[0]
+    low, high = newcombe(128, 256, 128, 256)
+    assert low < 0 < high and abs(low + high) < 1e-12
+
+
+def test_4_of_256_against_0_does_not_hold_and_40_of_256_does():
+    spec = spec_with()
+    weak = judge(spec, results(spec, {"coupled": [4 / 256] * 3, "random_shift": [0.0] * 3}))[0]
+    assert weak.verdict == "fails", weak.line
+    strong = judge(spec, results(spec, {"coupled": [40 / 256] * 3, "random_shift": [0.0] * 3}))[0]
+    assert strong.verdict == "holds", strong.line
+    assert "3/3 seeds where both fit" in strong.line and strong.line.startswith("claim coupled_beats_shift: holds (")
+
+
+def test_the_effect_is_the_smallest_difference_that_counts():
+    spec = spec_with()
+    # 0.08 over 0.00 on 256 samples: the interval is above 0, but the effect asked for is 0.10
+    verdict = judge(spec, results(spec, {"coupled": [0.08] * 3, "random_shift": [0.0] * 3}))[0]
+    assert verdict.verdict == "fails" and all(r["low"] > 0 for r in verdict.rows)
+
+
+def test_a_cell_that_did_not_fit_makes_its_claim_inconclusive_and_is_counted():
+    spec = spec_with()
+    rows = results(spec, {"coupled": [0.9] * 3, "random_shift": [0.0] * 3},
+                   fit={"coupled": [1.0] * 3, "random_shift": [0.2, 0.3, 1.0]})
+    verdict = judge(spec, rows)[0]
+    assert verdict.verdict == "inconclusive", verdict.line
+    assert "runs fit 3/3 and 1/3 (baseline)" in verdict.line
+
+
+def test_one_seed_never_holds_a_claim():
+    spec = spec_with(replicas=1)
+    verdict = judge(spec, results(spec, {"coupled": [1.0], "random_shift": [0.0]}))[0]
+    assert verdict.verdict == "inconclusive"
+
+
+def test_one_seed_against_the_others_fails_the_claim():
+    spec = spec_with()
+    verdict = judge(spec, results(spec, {"coupled": [1.0, 1.0, 0.0], "random_shift": [0.0] * 3}))[0]
+    assert verdict.verdict == "fails" and "2/3 seeds" in verdict.line
+
+
+def test_a_bound_holds_on_every_seed_that_fit():
+    spec = spec_with(claims=[{"name": "coupled_extrapolates", "cell": {"ids": "coupled"}, "at_least": 0.95}])
+    assert judge(spec, results(spec, {"coupled": [0.97, 1.0, 0.99], "random_shift": [0] * 3}))[0].verdict == "holds"
+    assert judge(spec, results(spec, {"coupled": [0.97, 0.5, 0.99], "random_shift": [0] * 3}))[0].verdict == "fails"
+    unfit = judge(spec, results(spec, {"coupled": [1.0] * 3, "random_shift": [0] * 3},
+                                fit={"coupled": [0.1, 0.2, 1.0], "random_shift": [1.0] * 3}))[0]
+    assert unfit.verdict == "inconclusive" and "runs fit 1/3" in unfit.line
+
+
+def test_pooled_studies_pair_seeds_within_each_study():
+    spec = spec_with()
+    a = results(spec, {"coupled": [0.5], "random_shift": [0.0]}).assign(study="a")
+    b = results(spec, {"coupled": [0.6], "random_shift": [0.0]}).assign(study="b")
+    assert judge(spec, a)[0].verdict == "inconclusive"  # one seed alone
+    assert judge(spec, pd.concat([a, b]))[0].verdict == "holds"  # seed 0 of two studies: two runs
+
+
+@pytest.mark.parametrize("claim, field", [
+    ({"name": "x", "cell": {"ids": "nonsense"}, "at_least": 0.9}, "claims.0.cell"),
+    ({"name": "x", "cell": {"ids": "coupled"}, "baseline": {"ids": "coupled"}}, "claims.0.baseline"),
+    ({"name": "x", "cell": {"ids": "coupled"}}, "exactly one of baseline"),
+    ({"name": "x", "cell": {"ids": "coupled"}, "at_least": 0.9, "at_most": 0.1}, "exactly one of baseline"),
+    ({"name": "x", "cell": {}, "at_least": 0.9}, "picks 2 cells"),
+    ({"name": "x", "cell": {"ids": "coupled"}, "at_least": 1.5}, "claims.0.at_least"),
+])
+def test_a_bad_claim_is_refused_naming_its_field(claim, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        spec_with(claims=[claim])
+
+
+def test_a_linked_factor_sets_its_paths_together_and_names_the_cell_by_the_first():
+    base = copy.deepcopy(SPEC["base"])
+    del base["eval"]["lengths"]
+    spec = spec_with(task={"name": "addition"}, base=base, grid={"train_range": [
+        {"task.params.train_length": 4, "eval.lengths": [4, 8]},
+        {"task.params.train_length": 6, "eval.lengths": [6, 12]}]},
+        claims=[{"name": "longer", "cell": {"train_length": 6}, "baseline": {"train_length": 4}}])
+    assert [c.label for c in spec.cells()] == ["train_length=4", "train_length=6"]
+    configs = [spec.checked_config(c) for c in spec.cells()]
+    assert [c.eval.lengths for c in configs] == [[4, 8], [6, 12]]
+    with pytest.raises(ValueError, match="linked factor"):
+        spec_with(grid={"train_range": [5, 8]})
+    with pytest.raises(ValueError, match=r"task\.params\.train_length: also set by grid\.train_range"):
+        spec_with(grid={"train_range": [{"task.params.train_length": 4}]})
+    with pytest.raises(ValueError, match=r"grid\.train_range\.seed"):
+        spec_with(grid={"train_range": [{"seed": 1}]})
+
+
+def test_the_shipped_experiments_carry_claims_that_pick_their_cells():
+    for path in sorted((ROOT / "search_spaces" / "experiments").glob("*.yaml")):
+        spec = StudySpec.model_validate(load_yaml(str(path), "a study spec"))
+        for claim in spec.claims:
+            spec.claim_cells(claim)  # raises when a claim names no cell
