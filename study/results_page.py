@@ -47,6 +47,14 @@ def add_study(folder: str) -> Path:
     if old is not None:
         rows = pd.concat([old[old.study != study], rows], ignore_index=True)
     rows.to_csv(path, index=False)
+    series = Path(folder) / "series.csv"
+    if series.exists():  # the tracked series, where its trials tracked lengths beyond training
+        kept = pd.read_csv(series).assign(study=study)
+        out = DATA / f"{spec.name}_series.csv"
+        if out.exists():
+            before = pd.read_csv(out)
+            kept = pd.concat([before[before.study != study], kept], ignore_index=True)
+        kept.round(4).to_csv(out, index=False)
     return path
 
 
@@ -114,14 +122,71 @@ mean [min-max] over seeds, last checkpoint unless the claim names `best`; "runs 
 """
 
 
+def curve(spec: StudySpec, runs: pd.DataFrame, series: pd.DataFrame | None) -> str:
+    """Exact match at 1x, 2x and 3x each cell's train length, last and best checkpoint, mean [min-max]
+    over seeds, the runs that fit and that reach 0.95 at 2x, and (from the series) the tracked
+    teacher-forced exact match at 2x: its peak and last, mean over seeds."""
+    head = ("| cell | runs fit | 1x | 2x, last | 2x, best | 3x, last | 3x, best | >= 0.95 at 2x (last / best) | "
+            "tracked at 2x: peak (step) / last |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for cell in spec.cells():
+        cfg = spec.checked_config(cell)
+        train = cfg.task_instance.train_length
+        rows = runs[(runs.cell == cell.label) & (runs.status == "TERMINATED")]
+        if rows.empty:
+            lines.append(f"| `{cell.label}` | not run | | | | | | | |")
+            continue
+        seeds = sorted(rows.seed.unique())
+
+        def at(times: float, checkpoint: str) -> list[float]:
+            pick = rows[(rows.length == round(times * train)) & (rows.checkpoint.fillna("last") == checkpoint)]
+            return [float(pick[pick.seed == s].exact_match.iloc[0]) for s in seeds if (pick.seed == s).any()]
+
+        fit = sum(v >= FITS for v in at(1, "last"))
+        solved = "/".join(str(sum(v >= FITS for v in at(2, c))) for c in ("last", "best"))
+        tracked = "-"
+        metric = f"track/len{2 * train}/exact"
+        if series is not None and metric in series:
+            mean = series[series.cell == cell.label].groupby("step")[metric].mean().dropna()
+            if not mean.empty:
+                tracked = f"{mean.max():.2f} ({int(mean.idxmax()):,}) / {mean.iloc[-1]:.2f}"
+        cells = [_mean_range(at(t, c)) for t, c in ((1, "last"), (2, "last"), (2, "best"), (3, "last"), (3, "best"))]
+        lines.append(f"| `{cell.label}` | {fit}/{len(seeds)} | " + " | ".join(cells) + f" | {solved} of {len(seeds)} | "
+                     f"{tracked} |")
+    return "\n".join(lines)
+
+
+def write_curve(name: str, page: Path) -> None:
+    """The curve of experiment `name` between its markers in `page`, from its committed runs and series."""
+    spec = load_spec(str(EXPERIMENTS / f"{name}.yaml"))
+    runs = committed_runs(name)
+    if runs is None:
+        raise SystemExit(f"error: --curve: no committed runs of {name} (docs/results/{name}.csv)")
+    series_path = DATA / f"{name}_series.csv"
+    series = pd.read_csv(series_path) if series_path.exists() else None
+    start, end = f"<!-- curve: {name} -->", f"<!-- end curve: {name} -->"
+    text = page.read_text()
+    if start not in text or end not in text:
+        raise SystemExit(f"error: --page: {page} has no {start} ... {end} markers")
+    body = curve(spec, runs, series)
+    head, rest = text.split(start, 1)
+    page.write_text(f"{head}{start}\n{body}\n{end}{rest.split(end, 1)[1]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m study.results_page", description=__doc__.split("\n")[0])
     p.add_argument("--docs", help="write the page here (default: print it)")
     p.add_argument("--add", nargs="+", metavar="STUDY", default=[], help="first copy these finished studies' rows "
-                   "into docs/results/")
+                   "(and tracked series) into docs/results/")
+    p.add_argument("--curve", metavar="SPEC", help="write this experiment's curve over its cells into --page")
+    p.add_argument("--page", help="with --curve: the docs page whose curve markers it fills")
     args = p.parse_args(argv)
     for folder in args.add:
         print(f"runs: {add_study(folder).relative_to(ROOT)}")
+    if args.curve:
+        write_curve(args.curve, Path(args.page or "docs/coupling.md"))
+        print(f"curve: {args.curve} in {args.page or 'docs/coupling.md'}")
+        return 0
     text = page()
     if args.docs:
         Path(args.docs).write_text(text)

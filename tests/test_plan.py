@@ -103,3 +103,23 @@ def test_train_takes_set_into_the_trial_config(tmp_path):
     assert ran.returncode == 0, ran.stderr[-2000:]
     table = pd.read_csv(out)
     assert sorted(table.length.unique()) == [10, 30] and set(table.k) == {1} and set(table.n) == {8}
+
+
+# experiments that are ablations or surveys, not claims
+NO_CLAIMS = {"coupling_full_attention", "coupling_full_attention_parity", "paper_lm_sparsity", "schemes_by_task",
+             "schemes_by_task_abacus", "schemes_abacus_published"} | {p.stem for p in (ROOT / "search_spaces" / "experiments").glob("coupling_reference_*.yaml")}
+
+
+def test_dry_run_prints_the_plan_of_every_shipped_spec(capsys, monkeypatch):
+    """In-process (run.py's main): the plan needs no Ray, and 13 processes cost a minute of imports."""
+    from study import run as run_cli
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    experiments = sorted((ROOT / "search_spaces" / "experiments").glob("*.yaml"))
+    assert len(experiments) >= 20
+    for spec in [*sorted((ROOT / "search_spaces").glob("*.yaml")), *experiments]:
+        code = run_cli.main(["--space", str(spec), "--dry-run"])
+        out, err = capsys.readouterr()
+        assert code == 0, (spec.name, err)
+        assert "cell 0:" in out and "per trial:" in out
+        assert spec.parent.name != "experiments" or "claim " in out or spec.stem in NO_CLAIMS, spec.name

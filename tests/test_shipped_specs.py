@@ -1,5 +1,8 @@
-"""Every shipped study spec runs for real, shrunk to a few steps: a spec's trials must train and its
-study must finish, which `--dry-run` alone does not show.
+"""The platform's own study specs (search_spaces/*.yaml) run for real, shrunk to a few steps: a spec's
+trials must train and its study must finish, which `--dry-run` alone does not show. The experiment
+specs (search_spaces/experiments/) are loaded and dry-run by the fast tier (tests/test_study.py and
+tests/test_claims.py); what their studies do end to end, the platform's specs and the claim study of
+tests/test_claim_study.py already run, so a new experiment adds no minutes here.
 
 A spec is shrunk only in size: a few steps (a searched warmup too) and evaluation samples, a tiny
 model of the same head count, one CPU worker, the first two values of a factor that is not the
@@ -30,6 +33,7 @@ from test_study import ENV, ROOT, mlflow_runs
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # beyond its run's own 1,500 s bound
 
 SHIPPED = sorted(p for p in (ROOT / "search_spaces").glob("*.yaml") if p.stem != "smoke")  # smoke: test_study
+assert not any(p.parent.name == "experiments" for p in SHIPPED)
 
 
 def shrink(spec: dict) -> dict:

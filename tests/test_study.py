@@ -129,18 +129,6 @@ def mlflow_runs(db: Path, experiment: str):
 
 
 # --- validation before anything starts -------------------------------------------------------
-def test_dry_run_prints_the_plan_of_every_shipped_spec(capsys, monkeypatch):
-    """In-process (run.py's main): the plan needs no Ray, and 13 processes cost a minute of imports."""
-    from study import run as run_cli
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    for spec in sorted([*(ROOT / "search_spaces").glob("*.yaml"), *(ROOT / "search_spaces" / "experiments").glob("*.yaml")]):
-        code = run_cli.main(["--space", str(spec), "--dry-run"])
-        out, err = capsys.readouterr()
-        assert code == 0, (spec.name, err)
-        assert "cell 0:" in out and "per trial:" in out
-
-
 @pytest.mark.parametrize(
     "change, field",
     [

@@ -12,7 +12,9 @@ other files a command line names.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 from typing import Any
 
@@ -35,7 +37,21 @@ def _at(path: str, mark) -> str:
     return f"{path}:{mark.line + 1}:{mark.column + 1}"
 
 
-def check_yaml_expansion(path: str, limit: int = MAX_YAML_EXPANSION) -> None:
+def read_config_file(path: str) -> bytes:
+    """The bytes of a config file, read once: a FIFO, device or folder is refused before it is
+    opened (opening a FIFO would wait for a writer forever), and so is a file over MAX_YAML_BYTES."""
+    mode = os.stat(path).st_mode  # follows a link to what it names; OSError where there is nothing
+    if not stat.S_ISREG(mode):
+        raise InputFileError(f"{path}: not a regular file (a FIFO, device or folder); give a YAML file")
+    with open(path, "rb") as f:
+        data = f.read(MAX_YAML_BYTES + 1)
+    if len(data) > MAX_YAML_BYTES:
+        raise InputFileError(f"{path}: more than {MAX_YAML_BYTES} bytes, the bound on a config file "
+                             "(MAX_YAML_BYTES in trial/yaml_io.py)")
+    return data
+
+
+def check_yaml_expansion(path: str, limit: int = MAX_YAML_EXPANSION, data: bytes | str | None = None) -> None:
     """Raise YamlBomb (`file:line:column: ...`) if the aliases of the YAML at `path` expand to more
     than `limit` values, nest deeper than MAX_YAML_DEPTH, or are recursive (`a: &l {b: *l}`, which
     the loaders would build into a dict that contains itself: a RecursionError in whatever walks it).
@@ -44,9 +60,10 @@ def check_yaml_expansion(path: str, limit: int = MAX_YAML_EXPANSION) -> None:
     sizes: dict[str, tuple[int, int]] = {}  # anchor -> (values, nesting) under it, aliases expanded
     stack: list[list] = []  # open collections: [values so far, anchor, deepest child nesting]
     total, aliases = 0, False
-    with open(path, "rb") as f:
+    source = data if data is not None else read_config_file(path)
+    if True:  # the events of what was read once
         try:
-            for event in yaml.parse(f, Loader=yaml.SafeLoader):
+            for event in yaml.parse(source, Loader=yaml.SafeLoader):
                 if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
                     if len(stack) >= MAX_SCAN_DEPTH:
                         return  # the loaders refuse this depth themselves, naming the key
@@ -127,31 +144,42 @@ class _StrictLoader(yaml.SafeLoader):
         return ".".join(str(p) for p in [*self.path, *more] if p is not None) or "(top level)"
 
 
-def load_yaml(path: str, what: str) -> dict:
-    """Read a file holding one YAML mapping (`what` says which kind, for the error). Aliases are not
-    expanded without bound: an alias bomb is refused before anything is built."""
-    with open(path, "rb") as f:
-        size = len(f.read(MAX_YAML_BYTES + 1))
-    if size > MAX_YAML_BYTES:
-        raise InputFileError(f"{path}: more than {MAX_YAML_BYTES} bytes, the bound on a config file "
-                             "(MAX_YAML_BYTES in trial/yaml_io.py)")
+def load_yaml_text(text: bytes | str, where: str) -> Any:
+    """One YAML value read strictly, as a config file is (no key twice, no nesting beyond
+    MAX_YAML_DEPTH, no recursive alias, no alias bomb); errors start with `where` (a file, or a
+    `--set KEY`) and its line and column."""
     try:
-        check_yaml_expansion(path)
+        check_yaml_expansion(where, data=text)
     except YamlBomb as e:
         raise InputFileError(str(e)) from None
-    with open(path) as f:
+    try:
+        loader = _StrictLoader(text)
         try:
-            loader = _StrictLoader(f)
-            try:
-                data = loader.get_single_data()
-            finally:
-                loader.dispose()
-        except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
-            where = _at(path, mark) if mark else path
-            raise InputFileError(f"{where}: {'; '.join(filter(None, [e.context, e.problem]))}") from None
-        except yaml.YAMLError as e:  # a character YAML may not hold
-            raise InputFileError(f"{path}: {' '.join(str(e).split())}") from None
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = _at(where, mark) if mark else where
+        raise InputFileError(f"{at}: {'; '.join(filter(None, [e.context, e.problem]))}") from None
+    except yaml.YAMLError as e:  # a character YAML may not hold
+        raise InputFileError(f"{where}: {' '.join(str(e).split())}") from None
+    except RecursionError:  # nesting PyYAML's own parser cannot follow (flow collections)
+        raise InputFileError(f"{where}: nested deeper than {MAX_YAML_DEPTH} levels") from None
+    except ValueError as e:  # a number longer than Python converts (4,300 digits)
+        raise InputFileError(f"{where}: a value YAML cannot read ({' '.join(str(e).split())[:80]})") from None
+
+
+def load_yaml(path: str, what: str) -> dict:
+    """Read a file holding one YAML mapping (`what` says which kind, for the error), once: a FIFO
+    or a folder is refused before it is opened. Aliases are not expanded without bound: an alias
+    bomb is refused before anything is built."""
+    raw = read_config_file(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    data = load_yaml_text(text, path)
     if not isinstance(data, dict):
         raise InputFileError(f"{path}: {what} is a YAML mapping, not {type(data).__name__}")
     return data

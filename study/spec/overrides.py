@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import yaml
+from trial.yaml_io import InputFileError, load_yaml_text
 
 SPEC_PATH_KEYS = ("grid", "search.params")  # a study spec's mappings keyed by dotted paths
 
@@ -24,10 +24,13 @@ def parse(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key or not all(part.strip() for part in key.split(".")):
         raise ValueError(f"--set {item}: expected KEY=VALUE, KEY a dotted path (e.g. resources.gpus_per_worker=1)")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise ValueError(f"--set {key}: {raw!r} is not a YAML value ({' '.join(str(e).split())[:120]})") from None
+    try:  # the file's loader: its depth, alias and duplicate-key checks
+        value = load_yaml_text(raw, f"--set {key}")
+    except InputFileError as e:
+        raise ValueError(f"{str(e)[:300]}") from None
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63:
+        raise ValueError(f"--set {key}: {str(value)[:20]}... is a {len(str(abs(value)))}-digit number, beyond "
+                         "any field's bound")
     return key, value
 
 

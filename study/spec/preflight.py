@@ -21,7 +21,7 @@ import tempfile
 from urllib.parse import unquote, urlsplit
 
 from trial import storage as store
-from trial.yaml_io import YamlBomb, check_yaml_expansion
+from trial.yaml_io import InputFileError, load_yaml_text, read_config_file
 
 CONNECT_TIMEOUT_S = 3.0  # a TCP connect to the Ray cluster's GCS / client server
 LOCAL_SPELLINGS = {"local", ""}  # Ray's own `address="local"`; RAY_ADDRESS="" is no address
@@ -34,25 +34,15 @@ ENV_HINT = {
 
 # --- YAML ------------------------------------------------------------------------------------------
 def load_yaml_mapping(path: str, flag: str) -> tuple[dict | None, str | None]:
-    """(the mapping, None) or (None, an error naming `flag`) for a YAML file given on the command line."""
-    import yaml
-
+    """(the mapping, None) or (None, an error naming `flag`) for a YAML file given on the command line,
+    read once with the config loader's checks (trial/yaml_io.py: a FIFO is refused before it is opened)."""
     try:
-        check_yaml_expansion(path)
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except YamlBomb as e:
-        return None, f"{flag}: {e}"
+        raw = read_config_file(path)
+        data = load_yaml_text(raw.decode("utf-8", errors="replace"), path)
     except OSError as e:
         return None, f"{flag}: {path}: {e.strerror or e}"
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
-        return None, f"{flag}: {where}: {'; '.join(filter(None, [e.context, e.problem]))}"
-    except (yaml.YAMLError, ValueError) as e:
-        return None, f"{flag}: {path}: not YAML: {' '.join(str(e).split())}"
-    except RecursionError:  # thousands of nested brackets: the parser's own recursion gives out
-        return None, f"{flag}: {path}: nested too deeply to be a config"
+    except InputFileError as e:  # it starts with the file (and its line and column)
+        return None, f"{flag}: {e}"
     if not isinstance(data, dict):
         what = "nothing" if data is None else f"a {type(data).__name__}"
         return None, f"{flag}: {path} holds {what}, not a YAML mapping"
@@ -235,10 +225,23 @@ def check_address(flag_value: str | None, network: bool = True) -> str | None:
 
 
 # --- all of study/run.py's flags -----------------------------------------------------------------
+def _utf8(value: str) -> bool:
+    """Whether a command-line value is valid UTF-8 (Python keeps undecodable bytes as surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_flags(args) -> str | None:
     """The first problem with run.py's flags and environment, as `<flag>: <what is wrong>`, or None.
     `--dry-run` checks everything but the network (a tracking server, a cluster's address)."""
     network = not args.dry_run
+    for flag, value in (("--storage", args.storage), ("--space", args.space), ("--cluster", args.cluster),
+                        ("--mlflow-uri", getattr(args, "mlflow_uri", None))):
+        if value is not None and not _utf8(value):  # pyarrow, MLflow and the record would fail on it mid-study
+            return f"{flag}: not valid UTF-8 ({ascii(value)[:80]}); rename it"
     if args.cluster is not None:
         problem = check_cluster_yaml(args.cluster)
         if problem:

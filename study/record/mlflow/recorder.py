@@ -50,20 +50,17 @@ TRIAL_TAG = "tune.trial_id"
 def _recording_errors() -> tuple[type[BaseException], ...]:
     """What an unreachable or failing tracking store raises: a server down (requests' errors are
     OSErrors), and artifacts in an s3:// bucket that does not answer (boto3's errors are not)."""
-    errors: list[type[BaseException]] = [MlflowException, OSError]
     try:
         from boto3.exceptions import Boto3Error
         from botocore.exceptions import BotoCoreError, ClientError
-        errors += [BotoCoreError, ClientError, Boto3Error]
     except ImportError:
-        pass
-    return tuple(errors)
+        return MlflowException, OSError
+    return MlflowException, OSError, BotoCoreError, ClientError, Boto3Error
 
 
 RECORDING_ERRORS = _recording_errors()
 RETRY_S = 10.0  # while MLflow cannot be reached, events wait this long before the next try
-# at the end of a study, how long the tracker keeps trying to record what it holds
-FLUSH_WAIT_S = float(os.environ.get("STUDY_MLFLOW_WAIT_S", "60"))
+FLUSH_WAIT_S = float(os.environ.get("STUDY_MLFLOW_WAIT_S", "60"))  # at a study's end: trying to record what it holds
 
 
 def queued(hook):
@@ -245,8 +242,11 @@ class MlflowRecorder:
             run_id = found.info.run_id
             if found.info.status == "FINISHED":
                 self.finished_before.add(run_id)
-            else:
+            else:  # reopened: what ended its last attempt no longer holds
                 self.client.update_run(run_id, status="RUNNING")
+                for tag in ("error", "stopped"):
+                    if tag in found.data.tags:
+                        self.client.delete_tag(run_id, tag)
         else:
             cell = self.cells[trial.cell]
             tags = {"mlflow.parentRunId": self.parent_id, TRIAL_TAG: trial.trial_id, "cell": cell.label,
@@ -382,7 +382,6 @@ class MlflowRecorder:
         for path in (files or {}).values():
             self.client.log_artifact(self.parent_id, path)
         self.client.set_terminated(self.parent_id, status)
-
 
     def where(self) -> list[str]:
         """Where MLflow shows the study: the UI (with this venv's `mlflow` for a SQLite store) and a
