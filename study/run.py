@@ -212,6 +212,9 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
     untrusted = check_resume_folder(study_dir)  # a resume unpickles what the folder holds
     if untrusted:
         raise StudyExit(EXIT_BAD_INPUT, f"error: {untrusted}")
+    if store.is_uri(study_dir):  # a bucket's policy cannot be read with a study's credentials
+        print(f"note: --resume trusts {store.redact(study_dir)}: whoever can write that bucket prefix runs code as "
+              "you when it resumes (docs/records.md, Trusted storage)", file=sys.stderr, flush=True)
     try:  # no study.json (or a corrupt one): refused, never matched to a record by name
         stored = ident.read(study_dir, spec.name)
     except ident.StudyFileError as e:
@@ -288,6 +291,11 @@ def _run_locked(args, spec: StudySpec, study_dir: str, tracking_uri: str, addres
 
     try:
         with driver_lock(study_dir):
+            if not args.resume and store.exists(store.join(study_dir, "tune")):
+                # made by another driver since the check before the lock: never written over
+                raise StudyExit(EXIT_BAD_INPUT, f"error: study {spec.name!r} already exists in {study_dir} (another "
+                                "driver made it just now); pass --resume to continue it, or choose another "
+                                "--storage or name")
             identity = stored if args.resume else ident.create(spec, study_dir)
             print("\n".join(plan_lines(spec, concurrency)), flush=True)
             record = recorder_class(args.recorder)(spec, tracking_uri, study_dir, identity)

@@ -62,3 +62,77 @@ def test_a_trial_reopened_on_resume_no_longer_carries_its_error(tmp_path):
     run = again.client.get_run(run_id)
     assert again.children["t00001"] == run_id and run.info.status == "RUNNING"
     assert "error" not in run.data.tags and "stopped" not in run.data.tags
+
+
+def test_a_study_made_by_another_driver_after_the_first_check_is_not_written_over(tmp_path, capsys, monkeypatch,
+                                                                                  no_study_starts):  # noqa: F811
+    """The "already exists" check runs again under the driver lock: another driver that made the study
+    between the first check and the lock (its Tune folder and study.json) keeps it."""
+    from test_review_records import SMOKE
+
+    storage = tmp_path / "studies"
+    checked = run_cli._checked_study_folder
+
+    def other_driver_in_the_window(args, spec, storage_, study_dir, address):
+        stored = checked(args, spec, storage_, study_dir, address)
+        os.makedirs(os.path.join(study_dir, "tune"))
+        with open(os.path.join(study_dir, "study.json"), "w") as f:
+            f.write('{"id": "the other driver\'s"}')
+        return stored
+
+    monkeypatch.setattr(run_cli, "_checked_study_folder", other_driver_in_the_window)
+    monkeypatch.chdir(tmp_path)
+    assert run_cli.main(["--space", SMOKE, "--storage", str(storage)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after MLflow's own lines of making its database
+    assert last.startswith("error: study 'smoke' already exists") and "another driver made it just now" in last
+    assert (storage / "smoke" / "study.json").read_text() == '{"id": "the other driver\'s"}'
+
+
+def test_resume_follows_a_linked_tune_folder_to_another_users_folder(tmp_path):
+    """A `<study>/tune` that is a link is judged by what it names: another user's folder, writable by
+    all, is refused, and so is one named by a link deeper in."""
+    from test_study_folders import study_folder
+
+    from study.spec.trust import check_resume_folder
+
+    storage = tmp_path / "studies"
+    folder = study_folder(storage)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "tuner.pkl").write_bytes(b"state")
+    os.chown(theirs, 65534, -1)
+    theirs.chmod(0o777)
+    (folder / "tune").rmdir()
+    (folder / "tune").symlink_to(theirs)
+    found = check_resume_folder(str(folder))
+    assert found and f"{folder / 'tune'} (a link to {theirs})" in found, found
+
+    os.chown(theirs, os.geteuid(), -1)
+    theirs.chmod(0o700)
+    assert check_resume_folder(str(folder)) is None  # the same link to a folder of this user's only
+    deeper = tmp_path / "deeper"
+    deeper.mkdir(mode=0o777)
+    deeper.chmod(0o777)
+    (theirs / "state").symlink_to(deeper)
+    assert "a link to" in (check_resume_folder(str(folder)) or "")
+    (theirs / "loop").symlink_to(theirs)  # a link loop ends
+    assert check_resume_folder(str(folder))
+
+
+@pytest.mark.parametrize("uri, shown, secret", [
+    ("mssql+pyodbc://h/db?odbc_connect=DRIVER%253Dx%253BPWD%253DSEKRIT", "odbc_connect=***", "odbc_connect (PWD)"),
+    ("sqlite:///t.db?odbc_connect=DRIVER%25253Dx%25253BPWD%25253DSEKRIT", "odbc_connect=***", "odbc_connect (PWD)"),
+    ("http://h:5000/api;token=SEKRIT", "/api;token=***", "token"),
+    ("http://h:5000/?SEKRIT", "/?***", "a bare query item (1)"),
+])
+def test_secrets_encoded_twice_in_a_path_parameter_or_bare_are_masked_and_refused(uri, shown, secret):
+    from trial import storage
+
+    assert "SEKRIT" not in storage.redact(uri) and shown in storage.redact(uri)
+    assert storage.secret_keys(uri) == [secret]
+
+
+def test_a_token_in_a_ray_address_is_never_echoed(tmp_path, capsys, no_study_starts):  # noqa: F811
+    err = refused(["--address", "h:6379?token=SEKRIT", "--storage", str(tmp_path)], capsys,
+                  "--address: h:6379?token=***")
+    assert "SEKRIT" not in err

@@ -41,7 +41,7 @@ def start_ray(address: str | None) -> None:
     quiet = dict(logging_level="WARNING", log_to_driver=False, configure_logging=True)
     if address:
         ray.init(address=address, **quiet)
-        print(f"ray: cluster at {address}", flush=True)
+        print(f"ray: cluster at {store.redact(address)}", flush=True)
         return
     from trial.session import loopback_interface
 

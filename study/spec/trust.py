@@ -2,7 +2,7 @@
 tuner.pkl and experiment state, the searchers' state): whoever can write the folder runs code as the
 user who resumes it. The weights-only loading of checkpoints (trial/storage.py) does not change that.
 
-A local folder is refused when it, or anything in it, can be changed by another user (owned by one,
+A local folder is refused when it, or anything in it or named by a link in it, can be changed by another user (owned by one,
 or writable by all users or by a group with another member), or when the storage folder holding it
 lets others rename it away (writable by them and not sticky, as /tmp is). A bucket is not checked: its
 policy is its owner's and is not readable with a study's credentials (docs/records.md, "Trusted storage").
@@ -27,15 +27,34 @@ def check_resume_folder(study_dir: str) -> str | None:
         return None
     if not st.st_mode & 0o1000 and _writable_by_others(st):  # 01000: the sticky bit, as /tmp has
         return _untrusted(parent, st, study_dir)
-    inside = [os.path.join(folder, n) for folder, dirs, files in os.walk(study_dir) for n in dirs + files]
-    for path in [study_dir, *inside]:
+    for path in [study_dir, *_inside(study_dir)]:
         try:
             st = os.lstat(path)
-        except FileNotFoundError:  # removed meanwhile
+            target = os.stat(path) if os.path.islink(path) else None  # what a link names is what is read
+        except FileNotFoundError:  # removed meanwhile, or a link to nothing
             continue
-        if _writable_by_others(st):
-            return _untrusted(path, st, study_dir)
+        for seen in (st, target):
+            if seen is not None and _writable_by_others(seen):
+                return _untrusted(path if seen is st else f"{path} (a link to {os.path.realpath(path)})",
+                                  seen, study_dir)
     return None
+
+
+def _inside(folder: str) -> list[str]:
+    """Every path under `folder`, following links to folders (each real folder once: a link loop ends)."""
+    found, seen, todo = [], {os.path.realpath(folder)}, [folder]
+    while todo:
+        try:
+            entries = list(os.scandir(todo.pop()))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for entry in entries:
+            found.append(entry.path)
+            real = os.path.realpath(entry.path)
+            if entry.is_dir(follow_symlinks=True) and real not in seen:
+                seen.add(real)
+                todo.append(entry.path)
+    return found
 
 
 def _writable_by_others(st: os.stat_result) -> bool:
