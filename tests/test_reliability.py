@@ -136,3 +136,23 @@ def test_a_token_in_a_ray_address_is_never_echoed(tmp_path, capsys, no_study_sta
     err = refused(["--address", "h:6379?token=SEKRIT", "--storage", str(tmp_path)], capsys,
                   "--address: h:6379?token=***")
     assert "SEKRIT" not in err
+
+
+def test_a_copy_at_the_same_path_on_another_host_is_not_the_study_it_was_copied_from(tmp_path):
+    """The folder as another host sees it after `rsync -a`: the same path, the same study.json, another
+    folder. Refused on --resume, it can become a study of its own."""
+    import shutil
+
+    from test_study_folders import study_folder
+
+    from study.record import identity
+
+    folder = study_folder(tmp_path / "studies")
+    original = identity.read(str(folder), "smoke")
+    assert original.host and original.inode == os.stat(folder).st_ino
+    folder.rename(tmp_path / "original")  # kept: its inode cannot be reused by the copy
+    shutil.copytree(tmp_path / "original", folder)  # same path, a new folder (another inode)
+    with pytest.raises(identity.StudyFileError, match=r"a copy at the same path.*--new-study"):
+        identity.read(str(folder), "smoke")
+    renewed = identity.renew(str(folder))
+    assert renewed.id != original.id and identity.read(str(folder), "smoke").id == renewed.id

@@ -6,8 +6,9 @@ study shares `./studies/mlflow.db` by default) records them all. `<study>/study.
 study's id, where it lives and the spec it started with. The study's MLflow parent run carries the
 id as a tag (study/record/mlflow/experiment.py), so a study only ever reads, tags or deletes its own runs; a study
 folder without a readable study.json is refused, never matched by name, and so is a copy of a study's
-folder, whose study.json names the original's location (`python -m study.record.identity --new-study
-FOLDER` records the copy as a study of its own). `--resume` reads the id
+folder, whose study.json names the original's location, or, at the same path on another host, the
+original's host and folder inode (`python -m study.record.identity --new-study FOLDER` records the
+copy as a study of its own). `--resume` reads the id
 back, and refuses a spec that differs from the stored one in anything but the fields a resume
 applies without changing a result (`RESUMABLE_CHANGES`).
 """
@@ -19,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,8 @@ class StudyIdentity:
     location: str  # <storage>/<name>, a folder or a bucket URI
     created: str  # UTC, ISO 8601
     spec: dict[str, Any]  # the spec it started with, as JSON
+    host: str | None = None  # where it was made, and its folder's inode there: what a copy cannot share
+    inode: int | None = None
 
     def tags(self) -> dict[str, str]:
         return {"study.id": self.id, "study.location": self.location}
@@ -49,9 +53,21 @@ class StudyIdentity:
 
 def create(spec: StudySpec, study_dir: str) -> StudyIdentity:
     """A new study's identity, written to `<study>/study.json` (whole or not at all)."""
-    ident = StudyIdentity(uuid.uuid4().hex, study_dir, datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"), spec.model_dump(mode="json"))
-    data = {"id": ident.id, "location": ident.location, "created": ident.created, "spec": ident.spec}
+    return _write(StudyIdentity(uuid.uuid4().hex, study_dir, _now(), spec.model_dump(mode="json")), study_dir)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write(ident: StudyIdentity, study_dir: str, **more) -> StudyIdentity:
+    """`ident` with the folder's marker (this host, the folder's inode; a bucket has none), written."""
+    if not store.is_uri(study_dir):
+        os.makedirs(study_dir, exist_ok=True)
+        ident = StudyIdentity(ident.id, ident.location, ident.created, ident.spec, socket.gethostname(),
+                              os.stat(study_dir).st_ino)
+    data = {"id": ident.id, "location": ident.location, "created": ident.created, "spec": ident.spec,
+            "host": ident.host, "inode": ident.inode, **more}
     store.write_atomic(store.join(study_dir, FILE), json.dumps(data, indent=1).encode())
     return ident
 
@@ -73,7 +89,8 @@ def read(study_dir: str, name: str, here: bool = True) -> StudyIdentity:
         data = json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError(f"a JSON {type(data).__name__}, not an object")
-        ident = StudyIdentity(data["id"], data["location"], data["created"], data["spec"])
+        ident = StudyIdentity(data["id"], data["location"], data["created"], data["spec"], data.get("host"),
+                              data.get("inode"))
         if not (isinstance(ident.id, str) and re.fullmatch(r"[0-9a-f]{32}", ident.id)):
             raise ValueError(f"id {ident.id!r} is not a study id")
         if not all(isinstance(v, str) for v in (ident.location, ident.created)) or not isinstance(ident.spec, dict):
@@ -83,6 +100,13 @@ def read(study_dir: str, name: str, here: bool = True) -> StudyIdentity:
             e, RecursionError) else " ".join(str(e).split())[:200]
         raise StudyFileError(f"{store.redact(path)} cannot be read ({why}); nothing was changed. Restore it from "
                              "a backup, or start a new study (another name or --storage)") from None
+    copied = here and not store.is_uri(study_dir) and ident.inode is not None and _inode(study_dir) != ident.inode
+    if copied:  # the same path, another folder: a copy on another host (or a folder made again)
+        raise StudyFileError(
+            f"{store.redact(path)} says study {name!r} was made in the folder of inode {ident.inode} on host "
+            f"{ident.host}; this is inode {_inode(study_dir)} on {socket.gethostname()}: a copy at the same path, "
+            "and resuming it as that study would take over its MLflow record; nothing was changed. To continue "
+            f"it as a study of its own: python -m study.record.identity --new-study {shlex.quote(study_dir)}")
     if here and not same_folder(ident.location, study_dir):
         raise StudyFileError(
             f"{store.redact(path)} says study {name!r} lives in {store.redact(ident.location)}: this folder is a "
@@ -90,6 +114,13 @@ def read(study_dir: str, name: str, here: bool = True) -> StudyIdentity:
             f"changed. To continue it as a study of its own (a new MLflow record): python -m study.record.identity "
             f"--new-study {shlex.quote(store.redact(study_dir))}")
     return ident
+
+
+def _inode(folder: str) -> int | None:
+    try:
+        return os.stat(folder).st_ino
+    except OSError:
+        return None
 
 
 def same_folder(a: str, b: str) -> bool:
@@ -107,15 +138,12 @@ def renew(study_dir: str) -> StudyIdentity:
     """Give the study folder `study_dir` an identity of its own (a new id, this location, the spec it
     holds), so that a copy records to a new MLflow parent run; returns it."""
     old = read(study_dir, "?", here=False)
-    if same_folder(old.location, study_dir):  # the original keeps its identity, and so its record
+    moved = old.inode is not None and not store.is_uri(study_dir) and _inode(study_dir) != old.inode
+    if same_folder(old.location, study_dir) and not moved:  # the original keeps its identity, and its record
         raise StudyFileError(f"{store.redact(study_dir)} is where study {old.id} was made, not a copy of it; "
                              "nothing was changed")
-    ident = StudyIdentity(uuid.uuid4().hex, study_dir, datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"), old.spec)
-    data = {"id": ident.id, "location": ident.location, "created": ident.created, "spec": ident.spec,
-            "copied_from": {"id": old.id, "location": old.location}}
-    store.write_atomic(store.join(study_dir, FILE), json.dumps(data, indent=1).encode())
-    return ident
+    return _write(StudyIdentity(uuid.uuid4().hex, study_dir, _now(), old.spec), study_dir,
+                  copied_from={"id": old.id, "location": old.location, "host": old.host})
 
 
 def changed_fields(stored: dict[str, Any], spec: StudySpec) -> list[str]:
