@@ -156,3 +156,16 @@ def test_a_copy_at_the_same_path_on_another_host_is_not_the_study_it_was_copied_
         identity.read(str(folder), "smoke")
     renewed = identity.renew(str(folder))
     assert renewed.id != original.id and identity.read(str(folder), "smoke").id == renewed.id
+
+
+def test_each_host_builds_deepspeeds_ops_in_a_folder_of_its_own(monkeypatch):
+    """Nodes sharing a home folder (NFS) never share a build lock: a live lock of another node's is never
+    in this node's folder, so it is never taken for a stale one of this node's."""
+    import socket
+
+    from trial.session import extension_folder
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-a")
+    a = extension_folder()
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+    assert extension_folder() != a and a.endswith("-node-a")

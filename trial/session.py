@@ -9,6 +9,7 @@ APIs. The loop itself never imports Ray.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -106,14 +107,17 @@ def pin_extension_builds() -> None:
 
 
 def extension_folder() -> str:
-    """The default build folder of DeepSpeed's ops: this user's and this environment's own, in the
-    user's cache as torch's default is (`~/.cache/torch_extensions/<environment>-<hash of its path>`).
-    Not in the environment: users sharing one would share its builds and their locks."""
+    """The default build folder of DeepSpeed's ops: this user's, this environment's and this host's own,
+    in the user's cache as torch's default is (`~/.cache/torch_extensions/<environment>-<hash of its
+    path>-<host>`). Not shared: users sharing one would share its builds and their locks, and nodes
+    sharing a home folder (NFS) would see each other's live locks as stale, holders no local process is."""
     import hashlib
+    import socket
 
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     tag = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12]
-    return os.path.join(cache, "torch_extensions", f"{os.path.basename(sys.prefix)}-{tag}")
+    host = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
+    return os.path.join(cache, "torch_extensions", f"{os.path.basename(sys.prefix)}-{tag}-{host}")
 
 
 def setup_distributed() -> tuple[int, int, torch.device]:
