@@ -30,6 +30,31 @@ def default_concurrency(spec: StudySpec, cpus: int) -> int | None:
     return max(1, int(cpus // (r.workers_per_trial * r.cpus_per_worker)))
 
 
+def machine_memory_lines(spec: StudySpec, concurrent: int | None) -> tuple[list[str], str | None]:
+    """What the embedded Ray's machine holds (trial/limits.py's estimate): a line per trial and for the
+    trials at once (or that none can run here: a GPU asked for where there is none), and why they
+    cannot run together (None if they can): `concurrent` of the largest beyond the machine's memory."""
+    import torch
+
+    from trial.limits import GiB, estimate, memory_given
+
+    r = spec.resources
+    if r.gpus_per_worker and not torch.cuda.is_available():  # the run itself refuses it (run.py's local_shortfall)
+        return [f"  on this machine: no trial can run (resources.gpus_per_worker {r.gpus_per_worker:g}, and no GPU "
+                "here); plan it for a cluster with --cluster FILE, run it with --address"], None
+    per_trial = max(estimate(spec.checked_config(c), r.workers_per_trial)[0] for c in spec.cells()) * r.workers_per_trial
+    machine, _ = memory_given(0, 1, True)
+    at_once = per_trial * (concurrent or 1)
+    lines = [f"  memory: about {per_trial / GiB:,.1f} GiB a trial (the largest cell), {at_once / GiB:,.1f} GiB for "
+             f"{concurrent or 1} at once, of this machine's {machine / GiB:,.1f} GiB"]
+    if at_once > machine and not r.gpus_per_worker:
+        fit = max(1, int(machine // per_trial))
+        return lines, (f"resources.max_concurrent_trials: {concurrent} trials at once would hold about "
+                       f"{at_once / GiB:,.1f} GiB, beyond this machine's {machine / GiB:,.1f} GiB "
+                       f"({per_trial / GiB:,.1f} GiB a trial); set it to {fit} or fewer")
+    return lines, None
+
+
 def plan_lines(spec: StudySpec, max_concurrent: int | None, concurrency_from: str = "") -> list[str]:
     r = spec.resources
     per_trial = f"{r.workers_per_trial} worker(s) x {r.cpus_per_worker:g} CPU"

@@ -25,6 +25,7 @@ from study.plan import (  # noqa: E402
     cluster_concurrency,
     cluster_cpus,
     default_concurrency,
+    machine_memory_lines,
     placement_lines,
     plan_lines,
     read_cluster,
@@ -81,6 +82,12 @@ def closing_lines(spec: StudySpec, selected, summary, files: list[str], recorder
         return lines
 
 
+def local_has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def local_shortfall(spec: StudySpec) -> str | None:
     """Why the embedded local Ray can never run one trial of this spec (its trials would wait
     PENDING forever), or None. Ray counts no more CPUs or GPUs than the machine shows."""
@@ -125,8 +132,14 @@ def run_command(args) -> int:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     study_dir = store.join(storage, spec.name)
     concurrency = default_concurrency(spec, cluster_cpus(address))
+    memory, crowded = ([], None) if address or args.cluster else machine_memory_lines(spec, concurrency)
+    if crowded:  # the embedded Ray's trials, together, on this machine
+        raise StudyExit(EXIT_BAD_INPUT, f"error: {args.space}: {crowded}")
     if args.dry_run:
-        return _dry_run(args, spec, concurrency)
+        here = not (spec.resources.gpus_per_worker and not local_has_gpu()) or bool(address or args.cluster)
+        code = _dry_run(args, spec, concurrency if here else None)
+        print("\n".join(memory))
+        return code
     stored = _checked_study_folder(args, spec, storage, study_dir, address)
     if not address:
         from trial.session import pin_extension_builds

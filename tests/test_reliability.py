@@ -169,3 +169,33 @@ def test_each_host_builds_deepspeeds_ops_in_a_folder_of_its_own(monkeypatch):
     a = extension_folder()
     monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
     assert extension_folder() != a and a.endswith("-node-a")
+
+
+def test_the_memory_estimate_counts_the_fixed_set_per_data_worker(tmp_path):
+    from test_review_records import SMOKE
+
+    from study.spec.schema import load_spec
+    from trial.limits import estimate
+
+    spec = load_spec(SMOKE, overrides=["task.train_set_size=1000000", "base.deepspeed.data_workers=2"])
+    cfg = spec.checked_config(spec.cells()[0])
+    _, counted = estimate(cfg)
+    piece = next(p for p in counted if p.field == "task.train_set_size")
+    train_seq = cfg.task_instance.max_seq_len(cfg.task_instance.train_length, cfg.task_instance.train_k)
+    assert piece.bytes == 1_000_000 * train_seq * 24 * 3 and "3 copies" in piece.what
+
+
+def test_trials_that_fit_alone_but_not_together_are_refused_naming_the_concurrency(capsys, monkeypatch, tmp_path,
+                                                                                    no_study_starts):  # noqa: F811
+    from test_review_records import SMOKE
+
+    from trial import limits
+
+    monkeypatch.setattr(limits, "memory_given", lambda *a, **k: (8 * limits.GiB, "a machine of 8 GiB"))
+    argv = ["--space", SMOKE, "--storage", str(tmp_path), "--set", "task.train_set_size=4000000"]
+    code = run_cli.main([*argv, "--dry-run"])  # one trial fits; the dry run says what it holds
+    out = capsys.readouterr().out
+    assert code == 0 and "memory: about 2.3 GiB a trial (the largest cell), 2.3 GiB for 1 at once" in out, out
+    refused([*argv, "--set", "resources.max_concurrent_trials=4"], capsys,
+            "resources.max_concurrent_trials: 4 trials at once would hold about 9.1 GiB, beyond this machine's "
+            "8.0 GiB (2.3 GiB a trial); set it to 3 or fewer")

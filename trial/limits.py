@@ -150,6 +150,11 @@ def pieces(cfg, workers: int = 1) -> list[Piece]:
         held += -(-e.select.samples // workers) * max(task.max_seq_len(n, train_k) for n in e.select.lengths)
     parts.append(Piece("eval.val_samples", "the held-out samples kept for the whole run (validation, "
                        "eval.track, eval.select)", held * HELD_TOKEN, True))
+    if cfg.task.train_set_size:  # trial/batches.py: each data worker process draws its own copy of the set
+        copies = 1 + cfg.deepspeed.data_workers
+        parts.append(Piece("task.train_set_size", f"the fixed training set: {cfg.task.train_set_size:,} samples of "
+                           f"up to {train_seq} tokens, {copies} cop{'y' if copies == 1 else 'ies'} (the process and "
+                           "each data worker)", cfg.task.train_set_size * train_seq * HELD_TOKEN * copies, True))
     for analysis in cfg.analyses.values():  # trial/analyses.py: each says what it holds
         parts += analysis.memory(cfg, arch)
     return parts
