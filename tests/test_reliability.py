@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from test_review_records import no_study_starts, tracker  # noqa: F401  (a fixture)
+from test_record_identity import no_study_starts, tracker  # noqa: F401  (a fixture)
 
 from study import run as run_cli
 from study.record.recorder import TrialInfo
@@ -68,7 +68,7 @@ def test_a_study_made_by_another_driver_after_the_first_check_is_not_written_ove
                                                                                   no_study_starts):  # noqa: F811
     """The "already exists" check runs again under the driver lock: another driver that made the study
     between the first check and the lock (its Tune folder and study.json) keeps it."""
-    from test_review_records import SMOKE
+    from test_record_identity import SMOKE
 
     storage = tmp_path / "studies"
     checked = run_cli._checked_study_folder
@@ -172,7 +172,7 @@ def test_each_host_builds_deepspeeds_ops_in_a_folder_of_its_own(monkeypatch):
 
 
 def test_the_memory_estimate_counts_the_fixed_set_per_data_worker(tmp_path):
-    from test_review_records import SMOKE
+    from test_record_identity import SMOKE
 
     from study.spec.schema import load_spec
     from trial.limits import estimate
@@ -187,7 +187,7 @@ def test_the_memory_estimate_counts_the_fixed_set_per_data_worker(tmp_path):
 
 def test_trials_that_fit_alone_but_not_together_are_refused_naming_the_concurrency(capsys, monkeypatch, tmp_path,
                                                                                     no_study_starts):  # noqa: F811
-    from test_review_records import SMOKE
+    from test_record_identity import SMOKE
 
     from trial import limits
 

@@ -3,7 +3,7 @@ refused before anything is written, and any other works end to end; a deeply nes
 driver.lock or snapshot record is one error line; a copied study folder cannot take over the
 original's MLflow record; a full disk stops a study at once, saying so, with its MLflow run KILLED
 (resumable), not FAILED; `--resume` refuses a folder other users can write. Real MLflow (SQLite),
-Ray and Optuna; run.py's `main` in-process where nothing may start (tests/test_review_records.py's
+Ray and Optuna; run.py's `main` in-process where nothing may start (tests/test_record_identity.py's
 tripwire), a subprocess where the study runs."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_review_records import SMOKE, no_study_starts, refused  # noqa: F401 (a fixture)
+from test_record_identity import SMOKE, no_study_starts, refused  # noqa: F401 (a fixture)
 from test_study import ENV, ROOT, mlflow_runs, run, write_spec
 
 from study import run as run_cli

@@ -1,7 +1,7 @@
 """What a trial holds in memory, estimated from its config (trial/limits.py's `estimate`), is checked
 against the memory it is given before anything starts: a spec or trial config whose trial cannot fit
 exits 2 in seconds with one line naming the field and the estimate, and every shipped spec and trial
-config still fits. Driven like tests/test_review_bounds.py: the CLIs' `main` in-process."""
+config still fits. Driven like tests/test_size_bounds.py: the CLIs' `main` in-process."""
 
 from __future__ import annotations
 

@@ -12,8 +12,9 @@ import sys
 import types
 
 import pytest
-from test_review_records import SMOKE, no_study_starts, refused  # noqa: F401 (a fixture)
+from test_record_identity import SMOKE, no_study_starts, refused  # noqa: F401 (a fixture)
 
+from study import run as run_cli
 from study.record.mlflow.uri_checks import check_mlflow_uri
 from study.spec.preflight import credentials_problem
 from trial import storage as store
@@ -35,6 +36,15 @@ REFUSED = [
     ("--mlflow-uri", f"mssql+pyodbc:///?odbc_connect=DRIVER={{x}};Server=db;Pwd={SECRET}"),
     ("--address", f"ray://{SECRET}@127.0.0.1:10001"),
     ("--storage", f"s3://{SECRET}@bucket/studies"),
+    ("--mlflow-uri", f"postgresql+psycopg2://mlflow@db/mlflow?password={SECRET}"),
+    ("--mlflow-uri", f"postgresql://mlflow@db/mlflow?sslmode=require&sslpassword={SECRET}"),
+    ("--mlflow-uri", f"mysql://mlflow@db/mlflow?passwd={SECRET}"),
+    ("--mlflow-uri", f"http://127.0.0.1:1/?token={SECRET}"),
+    ("--mlflow-uri", f"https://mlflow.example.com/#access_token={SECRET}"),
+    ("--storage", f"s3://bucket/studies?secret_key={SECRET}"),
+    ("--storage", f"gs://bucket/studies#access_token={SECRET}"),
+    ("--storage", f"file:///tmp/studies?password={SECRET}"),
+    ("--storage", f"s3://bucket/studies?X-Amz-Signature={SECRET}&X-Amz-Credential=AKIA"),
 ]
 
 
@@ -66,6 +76,22 @@ def test_what_follows_a_uris_host_is_printed_masked():
     assert store.redact(f"mssql+pyodbc:///?odbc_connect=PWD%3D{SECRET}") == "mssql+pyodbc:///?odbc_connect=***"
 
 
+def test_redact_hides_secrets_in_the_query_and_fragment_and_keeps_the_rest():
+    from trial import storage as store
+
+    assert store.redact(f"postgresql://u:{SECRET}@db/m?sslmode=require&password={SECRET}#token={SECRET}") == \
+        "postgresql://***@db/m?sslmode=***&password=***#token=***"
+    assert store.redact("s3://bucket/p?region=us-east-1") == "s3://bucket/p?region=***"  # a host's: all masked
+    assert store.redact("/a/local/path?password=x") == "/a/local/path?password=x"  # a folder's name
+
+
+def test_a_uri_with_harmless_options_and_a_user_name_is_accepted(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = run_cli.main(["--space", SMOKE, "--storage", str(tmp_path / "studies"), "--dry-run",
+                         "--mlflow-uri", "postgresql://mlflow@db/mlflow?sslmode=require&connect_timeout=5"])
+    assert code == 0, capsys.readouterr().err
+
+
 def test_an_unreachable_server_is_named_masked(capsys):
     problem = check_mlflow_uri("http://127.0.0.1:1/mlflow?workspace=team-a", network=True)
     assert problem.startswith("--mlflow-uri: http://127.0.0.1:1/mlflow?workspace=***: no MLflow tracking server")
@@ -74,7 +100,7 @@ def test_an_unreachable_server_is_named_masked(capsys):
 def test_the_tracker_is_stored_without_the_uri_as_given(tmp_path):
     """Tune pickles its callbacks with the experiment (tuner.pkl, in the study's storage); a resume
     replaces the restored tracker with its own."""
-    from test_review_records import tracker
+    from test_record_identity import tracker
 
     made = tracker(tmp_path, str(tmp_path / "study"), str(tmp_path / "artifacts"))
     made.tracking_uri = f"https://mlflow.example.com/?workspace={SECRET}"  # as if given so

@@ -124,8 +124,9 @@ def redact(uri: str) -> str:
     secret path parameter (`;token=***`); of a local one (`file:`, `sqlite:`) the values
     `secret_keys` names. The path stays: a bucket's is where the study lives. An address without a
     scheme (`host:6379?token=...`) is masked as a URI with a host."""
-    if not is_uri(uri):
-        return redact("ray://" + uri).removeprefix("ray://") if ("?" in uri or "@" in uri or "#" in uri) else uri
+    if not is_uri(uri):  # a Ray address (`host:6379?token=...`) is masked as a URI; a folder's name is kept
+        address = re.match(r"^([^/@?#]*@)?[\w.-]+:\d+([/?#]|$)", uri)
+        return redact("ray://" + uri).removeprefix("ray://") if address else uri
     scheme, _, rest = uri.partition("://")
     authority, slash, path = rest.partition("/")
     user, at, host = authority.rpartition("@")  # the last @ before the path: a password may hold @
