@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 
 from models.decoder import DecoderLM, ModelConfig  # noqa: E402
 from models.encodings import ENCODINGS  # noqa: E402
+from trial.host import matmul_tflops  # noqa: E402
 
 
 def _timed(fn, repeats: int) -> list[float]:
@@ -456,23 +457,6 @@ def print_p4(r: dict) -> None:
 
 # --- P5 --------------------------------------------------------------------------------------
 P5_DIMS = dict(d_model=1024, n_layers=12, n_heads=16, seq=2048, batch=8, vocab=32000)
-
-
-def matmul_tflops(device: torch.device, dtype=torch.bfloat16, n: int = 8192, repeats: int = 10) -> float:
-    """The device's measured dense matmul rate (n x n x n, random data, the median of `repeats` after
-    warm-up): the ceiling an MFU is read against, as this card runs in the same process."""
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(3):
-        a @ b
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        sync()
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times) / 1e12
 
 
 KERNEL_KINDS = (("matmul", re.compile(r"gemm|matmul|cutlass|xmma|nvjet|cublas", re.I)),

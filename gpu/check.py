@@ -361,7 +361,8 @@ def summarize(report: dict) -> None:
             print(f"{name}: {r}")
             continue
         share = r["plan"]["share_of_budget"]
-        print(f"{name}: {r['steps']} steps ({share:.0%} of its {r['plan']['full_steps']}) at lr {r['plan'].get('lr')}, "
+        label = "reference small configuration" if name == "reference" else f"{name} configuration"
+        print(f"{label}: {r['steps']} steps ({share:.0%} of its {r['plan']['full_steps']}) at lr {r['plan'].get('lr')}, "
               f"{r['wall_s']:.0f} s, {r['flops']:.2e} FLOPs, {r['achieved_tflops']:.1f} TFLOP/s in training; "
               f"best step {r['best_step']}")
         for key, value in sorted(r["exact"].items()):

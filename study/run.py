@@ -140,7 +140,7 @@ def run_command(args) -> int:
         code = _dry_run(args, spec, concurrency if here else None)
         print("\n".join(memory))
         return code
-    stored = _checked_study_folder(args, spec, storage, study_dir, address)
+    stored = checked_study_folder(args, spec, storage, study_dir, address)
     if not address:
         from trial.session import pin_extension_builds
 
@@ -198,7 +198,7 @@ def _dry_run(args, spec: StudySpec, concurrency: int | None) -> int:
     return 0
 
 
-def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, address: str | None):
+def checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, address: str | None):
     """Whether this study may start (or resume) here; returns its stored identity on --resume (None
     for a new study). A study without a readable study.json or driver.lock is refused."""
     from study.record import identity as ident
@@ -225,9 +225,6 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
     untrusted = check_resume_folder(study_dir)  # a resume unpickles what the folder holds
     if untrusted:
         raise StudyExit(EXIT_BAD_INPUT, f"error: {untrusted}")
-    if store.is_uri(study_dir):  # a bucket's policy cannot be read with a study's credentials
-        print(f"note: --resume trusts {store.redact(study_dir)}: whoever can write that bucket prefix runs code as "
-              "you when it resumes (docs/records.md, Trusted storage)", file=sys.stderr, flush=True)
     try:  # no study.json (or a corrupt one): refused, never matched to a record by name
         stored = ident.read(study_dir, spec.name)
     except ident.StudyFileError as e:
@@ -240,6 +237,9 @@ def _checked_study_folder(args, spec: StudySpec, storage: str, study_dir: str, a
                    f"started with ({store.join(study_dir, ident.FILE)}) in: {', '.join(changed)}. A resume "
                    f"may change only {', '.join(ident.RESUMABLE_CHANGES)}; for anything else start a new "
                    "study (another name or --storage)")
+    if store.is_uri(study_dir):  # a bucket's policy cannot be read with a study's credentials
+        print(f"note: --resume trusts {store.redact(study_dir)}: whoever can write that bucket prefix runs code as "
+              "you when it resumes (docs/records.md, Trusted storage)", file=sys.stderr, flush=True)
     return stored
 
 

@@ -152,3 +152,16 @@ def test_the_shipped_experiments_carry_claims_that_pick_their_cells():
         spec = StudySpec.model_validate(load_yaml(str(path), "a study spec"))
         for claim in spec.claims:
             spec.claim_cells(claim)  # raises when a claim names no cell
+
+
+def test_the_results_page_row_of_a_claim_counts_the_runs_that_fit_and_extrapolate():
+    from study import results_page
+
+    spec = spec_with(claims=[{"name": "coupled_extrapolates", "cell": {"ids": "coupled"}, "at_least": 0.95,
+                              "setup": "a test", "published": "a paper: 1.00"}])
+    runs = results(spec, {"coupled": [0.97, 1.0, 0.5], "random_shift": [0] * 3},
+                   fit={"coupled": [1.0, 1.0, 0.9], "random_shift": [1.0] * 3}).assign(study="a")
+    row = results_page.claim_row(spec, spec.claims[0], runs)
+    assert row["verdict"] == "**holds**" and row["fit"] == "2/3" and row["extrapolate"] == "2/3", row
+    assert row["2x"].startswith("0.82 [0.50-1.00]") and row["published"] == "a paper: 1.00"
+    assert results_page.claim_row(spec, spec.claims[0], None)["verdict"] == "not run here"

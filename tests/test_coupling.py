@@ -3,8 +3,8 @@
 A regression in coupled ids, loss masking, id-local attention, PPC's predicted ids or generation
 makes a model that extrapolates stop extrapolating; these tests train real (DeepSpeed, gloo)
 models for a few seconds each and check the length generalization itself. The laptop-scale
-figures (2x and 3x the train length, 3 seeds) come from the coupling_* study specs and
-`python -m benchmarks.coupling`, not from here.
+figures (2x and 3x the train length, 3 seeds) come from the coupling_* experiment specs' claims
+(docs/results.md), not from here.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def exact_at(out: dict, length: int, ids: str) -> float:
 
 def test_addition_with_coupling_generalizes_to_twice_the_train_length():
     """Coupled addition with id_window (our prior) at CI size: 1-4 digit operands in training, 8 at
-    test, every digit of the sum right. (That absolute ids with a random shift do not get there on
-    the same budget is benchmarks/coupling.py's claim on coupling_addition.yaml, at 2x and 3x.)"""
+    test, every digit of the sum right. (Where the others stand on the same budget is the claims of
+    search_spaces/experiments/coupling_addition.yaml, at 2x.)"""
     addition = {"name": "addition", "params": {"train_length": 4, "min_length": 1}}
     coupled = train_loop_per_worker(trial(
         addition, {"encoding": "learned", "ids": "coupled", "max_position": 24, "id_window": 1},
@@ -84,8 +84,8 @@ def test_addition_with_coupling_generalizes_to_twice_the_train_length():
 
 
 # The measured negative of docs/coupling.md (full-attention coupled addition fits and fails at 2x and 3x at laptop
-# scale) is pinned by benchmarks/coupling.py's claims on coupling_full_attention.yaml, at the budget
-# the README's table reports, not by a CI-sized copy of it here.
+# scale) is the claim coupled_addition_full_attention of coupling_addition.yaml, judged on its study's
+# record, not a CI-sized copy of it here.
 
 
 def test_ppc_on_parity_predicts_its_own_ids_beyond_the_train_length():

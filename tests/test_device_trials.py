@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import device_trials
+from gpu import trials as device_trials
 
 ROOT = Path(__file__).resolve().parents[1]
 ABACUS = "search_spaces/trials/addition_abacus.yaml"

@@ -167,3 +167,23 @@ def test_the_sparsity_table_refuses_what_it_cannot_write(tmp_path, capsys):
     assert sparsity.main(["--study", str(tmp_path / "plain"), "--docs", str(page)]) == 2
     assert "no trial of it ran the sparsity meter" in capsys.readouterr().err
     assert not page.exists()
+
+
+# --- the results page --------------------------------------------------------------------------------------
+def test_the_results_page_is_what_its_command_makes_from_the_committed_runs():
+    """docs/results.md is generated, never edited: `python -m study.results_page --docs docs/results.md`
+    on a fresh clone writes it byte for byte, from docs/results/*.csv and the experiment specs."""
+    from study import results_page
+
+    assert (ROOT / "docs" / "results.md").read_text() == results_page.page()
+
+
+def test_the_coupling_curve_is_what_its_command_makes_from_the_committed_runs(tmp_path):
+    from study import results_page
+
+    page = tmp_path / "coupling.md"
+    page.write_text((ROOT / "docs" / "coupling.md").read_text())
+    if results_page.committed_runs("coupling_train_range") is None:
+        pytest.skip("no committed runs of coupling_train_range")
+    results_page.write_curve("coupling_train_range", page)
+    assert page.read_text() == (ROOT / "docs" / "coupling.md").read_text()

@@ -71,7 +71,7 @@ def test_a_study_made_by_another_driver_after_the_first_check_is_not_written_ove
     from test_record_identity import SMOKE
 
     storage = tmp_path / "studies"
-    checked = run_cli._checked_study_folder
+    checked = run_cli.checked_study_folder
 
     def other_driver_in_the_window(args, spec, storage_, study_dir, address):
         stored = checked(args, spec, storage_, study_dir, address)
@@ -80,7 +80,7 @@ def test_a_study_made_by_another_driver_after_the_first_check_is_not_written_ove
             f.write('{"id": "the other driver\'s"}')
         return stored
 
-    monkeypatch.setattr(run_cli, "_checked_study_folder", other_driver_in_the_window)
+    monkeypatch.setattr(run_cli, "checked_study_folder", other_driver_in_the_window)
     monkeypatch.chdir(tmp_path)
     assert run_cli.main(["--space", SMOKE, "--storage", str(storage)]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after MLflow's own lines of making its database

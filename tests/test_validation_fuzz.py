@@ -238,6 +238,12 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
     else:
         bad("ks-beyond-length", "eval.ks", lambda s: set_path(s["base"], "eval.ks", [1, 10**4]))
 
+    claim = {"name": "c", "cell": {"no_such_factor": 1}, "at_least": 0.9}
+    bad("claim-no-cell", "claims.0.cell", lambda s: s.update(claims=[claim]))
+    bad("claim-two-rules", "claims.0", lambda s: s.update(claims=[{**claim, "cell": {}, "at_most": 0.1}]))
+    bad("claim-metric", "claims.0.metric", lambda s: s.update(claims=[{**claim, "cell": {}, "metric": "val_loss"}]))
+    bad("claim-times", "claims.0.times", lambda s: s.update(claims=[{**claim, "cell": {}, "times": -1}]))
+
     # accepted: the platform must not refuse what can train
     good("cpus-fraction", lambda s: s.setdefault("resources", {}).update(cpus_per_worker=rng.choice([0.5, 1.5])))
     good("deepspeed-agrees", lambda s: s["base"].update(
@@ -288,9 +294,13 @@ def yaml_cases(name: str, text: str, rng: random.Random) -> list[Case]:
     cases.append(Case(f"{name}-yaml-duplicate-top", text + f"{key}: null\n", where + re.escape(f"{key}: duplicate key"),
                       regex=True))
     lines = dump(data).splitlines(keepends=True)
-    nested = [(i, line) for i, line in enumerate(lines) if re.match(r"  [A-Za-z_]\w*: \S", line)]
+    def parent_of(i: int) -> str:
+        return next(lines[j].split(":")[0] for j in range(i, -1, -1) if not lines[j].startswith(" "))
+
+    nested = [(i, line) for i, line in enumerate(lines) if re.match(r"  [A-Za-z_]\w*: \S", line)
+              and isinstance(data.get(parent_of(i)), dict)]  # a key of a mapping, not of a list's item (claims)
     i, line = rng.choice(nested)
-    parent = next(lines[j].split(":")[0] for j in range(i, -1, -1) if not lines[j].startswith(" "))
+    parent = parent_of(i)
     nested_key = line.strip().split(":")[0]
     cases.append(Case(f"{name}-yaml-duplicate-nested", "".join(lines[:i + 1] + [line] + lines[i + 1:]),
                       where + re.escape(f"{parent}.{nested_key}: duplicate key"), regex=True))

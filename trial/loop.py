@@ -31,6 +31,7 @@ from trial.evaluate import (
     validate,
     with_places,
 )
+from trial.host import host_rates
 from trial.session import LocalSession, Session, import_deepspeed, setup_distributed
 from trial.staging import checkpoint_staging, remove_abandoned
 
@@ -245,6 +246,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         records, found = _with_best(engine.module, task, cfg, best, records, rank, world, device)
         metrics.update(found)
     metrics["time/eval_s"] += time.time() - t  # the evaluation points and the analyses: measuring is evaluating
+    metrics.update(host_rates(device))  # what the trial's time is read against on another host
     _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True,
             best=best)
     return {"metrics": metrics, "records": records}

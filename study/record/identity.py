@@ -100,6 +100,12 @@ def read(study_dir: str, name: str, here: bool = True) -> StudyIdentity:
             e, RecursionError) else " ".join(str(e).split())[:200]
         raise StudyFileError(f"{store.redact(path)} cannot be read ({why}); nothing was changed. Restore it from "
                              "a backup, or start a new study (another name or --storage)") from None
+    if here and not same_folder(ident.location, study_dir):
+        raise StudyFileError(
+            f"{store.redact(path)} says study {name!r} lives in {store.redact(ident.location)}: this folder is a "
+            "copy (or was moved), and resuming it as that study would take over its MLflow record; nothing was "
+            f"changed. To continue it as a study of its own (a new MLflow record): python -m study.record.identity "
+            f"--new-study {shlex.quote(store.redact(study_dir))}")
     copied = here and not store.is_uri(study_dir) and ident.inode is not None and _inode(study_dir) != ident.inode
     if copied:  # the same path, another folder: a copy on another host (or a folder made again)
         raise StudyFileError(
@@ -107,12 +113,6 @@ def read(study_dir: str, name: str, here: bool = True) -> StudyIdentity:
             f"{ident.host}; this is inode {_inode(study_dir)} on {socket.gethostname()}: a copy at the same path, "
             "and resuming it as that study would take over its MLflow record; nothing was changed. To continue "
             f"it as a study of its own: python -m study.record.identity --new-study {shlex.quote(study_dir)}")
-    if here and not same_folder(ident.location, study_dir):
-        raise StudyFileError(
-            f"{store.redact(path)} says study {name!r} lives in {store.redact(ident.location)}: this folder is a "
-            "copy (or was moved), and resuming it as that study would take over its MLflow record; nothing was "
-            f"changed. To continue it as a study of its own (a new MLflow record): python -m study.record.identity "
-            f"--new-study {shlex.quote(store.redact(study_dir))}")
     return ident
 
 
