@@ -53,11 +53,12 @@ def with_claims_of(spec: StudySpec, space: str) -> StudySpec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from study.report import read_study
+    from study.report import add_recorder_flag, read_study
 
     p = argparse.ArgumentParser(prog="python -m study.claims", description=__doc__.split("\n")[0])
     p.add_argument("studies", nargs="+", metavar="STUDY", help="study folders, bucket URIs or MLflow experiment names")
     p.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db", help="where named experiments are")
+    add_recorder_flag(p)
     p.add_argument("--space", help="judge the claims of this spec file (its cells must be the studies')")
     p.add_argument("--out", help="write the table behind the verdicts here (CSV: a row per claim and seed)")
     args = p.parse_args(argv)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             for i, source in enumerate(args.studies):
                 into = os.path.join(tmp, str(i))
                 os.makedirs(into)
-                spec, results, _where, _folder = read_study(source, args.mlflow_uri, into)
+                spec, results, _where, _folder = read_study(source, args.mlflow_uri, into, args.recorder)
                 specs.append(spec)
                 frames.append(results)
             spec = with_claims_of(specs[0], args.space) if args.space else specs[0]

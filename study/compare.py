@@ -10,7 +10,7 @@ import sys
 
 import pandas as pd
 
-from study.report import read_study
+from study.report import add_recorder_flag, read_study
 from study.results.figures import describe
 from study.results.tables import SHOWN, cell_mean_range, select
 from study.spec.schema import StudySpec, flatten
@@ -50,12 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("studies", nargs=2, metavar="STUDY",
                    help="a study folder (<storage>/<name>), a bucket URI, or an MLflow experiment name")
     p.add_argument("--mlflow-uri", default="sqlite:///studies/mlflow.db", help="where an experiment named is")
+    add_recorder_flag(p)
     args = p.parse_args(argv)
     read = []
     for i, source in enumerate(args.studies):
         with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
             try:
-                spec, results, where, _folder = read_study(source, args.mlflow_uri, tmp)
+                spec, results, where, _folder = read_study(source, args.mlflow_uri, tmp, args.recorder)
             except SystemExit as e:  # read_study's one-line errors: bad input
                 if isinstance(e.code, str):
                     print(e.code, file=sys.stderr)

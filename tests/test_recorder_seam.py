@@ -19,30 +19,14 @@ from test_study import ENV, ROOT
 DRIVER = textwrap.dedent('''
     import json, os, sys
     sys.path.insert(0, {root!r})
-    from study.record.recorder import RECORDERS
+    from study.record.recorder import RECORDERS, Lookups
     from study import run
 
-    class MemoryRecorder:
+    class MemoryRecorder(Lookups):  # the events alone: the look-ups keep their defaults
         errors = (OSError,)
 
         def __init__(self, spec, uri, study_dir, identity):
             self.events = []
-
-        @staticmethod
-        def check_flags(uri, storage, network):
-            return None
-
-        @staticmethod
-        def cluster_warning(uri, address, storage):
-            return None
-
-        @classmethod
-        def check(cls, spec, study_dir, uri, identity):
-            pass
-
-        @staticmethod
-        def stored_study(uri, name, into):
-            raise LookupError(name)
 
         def _event(self, name, trial=None, **what):
             self.events.append({{"event": name, "trial": trial.trial_id if trial else None,
@@ -59,6 +43,7 @@ DRIVER = textwrap.dedent('''
         def flush(self, wait_s=None): pass
         def reconcile(self, terminated, known): self._event("reconcile", terminated=sorted(terminated)); return []
         def selection(self, selected): self._event("selection", trials=sorted(selected.trial_id))
+        def claims_judged(self, verdicts): self._event("claims_judged", verdicts=[v["name"] for v in verdicts])
         def study_finished(self, status, metrics=None, files=None):
             self._event("study_finished", status=status, files=sorted(files or {{}}))
             with open(os.environ["EVENTS"], "w") as f:
@@ -116,12 +101,14 @@ def test_a_recorder_of_its_own_receives_every_event_of_a_study_in_order(tmp_path
 def test_mlflow_implements_every_event_of_the_protocol():
     """The MLflow recorder answers each of the protocol's methods with the same parameters."""
     from study.record.mlflow.recorder import MlflowRecorder
-    from study.record.recorder import RECORDERS, Recorder, recorder_class
+    from study.record.recorder import RECORDERS, Lookups, Recorder, recorder_class
 
     assert recorder_class("mlflow") is MlflowRecorder and RECORDERS["mlflow"].endswith(":MlflowRecorder")
-    wanted = {n: f for n, f in vars(Recorder).items() if callable(f) or isinstance(f, (classmethod, staticmethod))}
+    wanted = {n: f for cls in (Recorder, Lookups) for n, f in vars(cls).items()
+              if callable(f) or isinstance(f, (classmethod, staticmethod))}
     wanted = {n: f for n, f in wanted.items() if not n.startswith("_")}
-    assert {"study_started", "trial_result", "trial_done", "snapshot_stored", "selection", "study_finished"} <= set(wanted)
+    assert {"study_started", "trial_result", "trial_done", "snapshot_stored", "selection", "claims_judged",
+            "study_finished", "stored_study", "check_flags"} <= set(wanted)
     for name, proto in wanted.items():
         ours = getattr(MlflowRecorder, name, None)
         assert ours is not None, f"MlflowRecorder has no {name}"
@@ -132,6 +119,10 @@ def test_mlflow_implements_every_event_of_the_protocol():
     assert isinstance(MlflowRecorder.errors, tuple) and MlflowRecorder.errors
     with pytest.raises(KeyError, match="--recorder"):
         recorder_class("nowhere")
+    # a recorder of the events alone answers the look-ups with defaults that say what it cannot do
+    assert Lookups.check_flags(None, "studies", True) is None and Lookups.cluster_warning(None, None, "s") is None
+    with pytest.raises(LookupError, match="keeps no study"):
+        Lookups.stored_study("uri", "smoke", "/tmp")
 
 
 def test_the_code_that_calls_the_recorder_never_names_mlflow():

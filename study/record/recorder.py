@@ -2,8 +2,8 @@
 and the registry of the records it can send them to.
 
 A study (study/experiment/tuning.py) speaks only to a `Recorder`: it never names MLflow. MLflow is
-one implementation (study/record/mlflow/); a new one is a class in a module of its own plus its line
-in `RECORDERS`, chosen with `python study/run.py --recorder NAME`. Tune's own JSON, CSV and
+one implementation (study/record/mlflow/); a new one is a class in a module of its own (the events of
+`Recorder`, on `Lookups`' defaults) plus its line in `RECORDERS`, chosen with `python study/run.py --recorder NAME`. Tune's own JSON, CSV and
 TensorBoard loggers and its W&B callback already record a trial's results: a user who wants those adds
 Tune's callback, not a recorder.
 """
@@ -35,22 +35,21 @@ class TrialInfo:
     scheduled_at: float = 0.0
 
 
-class Recorder(Protocol):
-    """What a study tells its record. Events come in the order they happen, from the driver;
-    `errors` are what a record that does not answer raises (the study goes on without it: its
-    results are in storage). `trial_done` of a trial comes before the `snapshot_stored` that makes
-    it resumable; a record that marks runs finished waits for that."""
-
-    errors: ClassVar[tuple[type[BaseException], ...]]
+class Lookups:
+    """What a study asks of a record before and after it runs, with defaults a new recorder may keep:
+    nothing to check, and nothing it can read back (the report and analysis commands then say so).
+    A recorder subclasses this and implements the events (Recorder) it records."""
 
     @staticmethod
     def check_flags(uri: str | None, storage: str, network: bool) -> str | None:
         """Before any work: the first problem with where the record goes (`--mlflow-uri`, None: the
         default) as `<flag>: <what is wrong>`, or None; `network`: contact it (not on --dry-run)."""
+        return None
 
     @staticmethod
     def cluster_warning(uri: str | None, address: str | None, storage: str) -> str | None:
         """Why the record would not outlive the cluster at `address` (None: the embedded Ray), or None."""
+        return None
 
     @classmethod
     def check(cls, spec, study_dir: str, uri: str, identity) -> None:
@@ -61,17 +60,28 @@ class Recorder(Protocol):
     def stored_study(uri: str, name: str, into: str) -> tuple[str, str]:
         """For `python -m study.report NAME`: the newest study `name`'s report files (results.csv,
         study_spec.json) downloaded into `into`, and where they came from; LookupError if none."""
+        raise LookupError(f"error: {name}: this record keeps no study to read back; give the study's folder")
 
     @staticmethod
     def trial_model(uri: str, run: str) -> str:
         """For the analysis commands: where trial run `run` stored its model (a checkpoint folder or
         bucket URI); a ValueError naming the flag if the record has no such run or no model."""
+        raise ValueError(f"--mlflow-run: {run}: this record keeps no trial's model; give the checkpoint folder")
 
     @staticmethod
     def analysis_measured(uri: str, run: str, name: str, metrics: dict[str, float], tags: dict[str, str],
                           folder: str) -> None:
         """An analysis command's measurement of trial run `run`: its metrics and tags, and the files
-        in `folder`, under the analysis's `name`."""
+        in `folder`, under the analysis's `name` (by default not recorded)."""
+
+
+class Recorder(Protocol):
+    """What a study tells its record: the events, each required, in the order they happen, from the
+    driver (what it asks of a record is Lookups'); `errors` are what a record that does not answer
+    raises (the study goes on without it: its results are in storage). `trial_done` of a trial comes before the `snapshot_stored` that makes
+    it resumable; a record that marks runs finished waits for that."""
+
+    errors: ClassVar[tuple[type[BaseException], ...]]
 
     def study_started(self) -> None: ...
     def trial_started(self, trial: TrialInfo) -> None: ...

@@ -35,3 +35,17 @@ def series_means(series: pd.DataFrame, metric: str) -> pd.DataFrame:
         return pd.DataFrame()
     kept = series.dropna(subset=[metric])
     return kept.groupby(["cell", "step"], sort=False)[metric].agg(["mean", "min", "max", "count"]).reset_index()
+
+
+def series_from_tune(spec: StudySpec, tune_dir: str, results: pd.DataFrame) -> pd.DataFrame:
+    """series.csv rebuilt from the reports Tune kept in the study's `tune/` folder (a study that ended
+    before series.csv was written), each trial's cell and seed read from results.csv's rows."""
+    from ray.tune import ExperimentAnalysis
+
+    index = {c.label: c.index for c in spec.cells()}
+    trials = [{"trial_id": r["trial_id"], "config": {"cell": index[r["cell"]], "role": r.get("role", "search"),
+                                                     "search_index": r.get("search_index"), "trial": {"seed": r["seed"]}}}
+              for r in results.drop_duplicates("trial_id").to_dict("records") if r["cell"] in index]
+    reports = {str(df["trial_id"].iloc[0]): df for df in ExperimentAnalysis(tune_dir).trial_dataframes.values()
+               if not df.empty and "trial_id" in df}
+    return series_frame(spec, trials, reports)

@@ -39,7 +39,7 @@ from study.record.mlflow.experiment import (
 from study.record.mlflow.measured_runs import checkpoint_of_run, log_measurement
 from study.record.mlflow.trial_runs import extrapolation_metrics, is_metric, log_final_artifacts
 from study.record.mlflow.uri_checks import check_flags, ephemeral_record
-from study.record.recorder import TrialInfo
+from study.record.recorder import Lookups, TrialInfo
 from study.spec.schema import StudySpec, flat_params
 from trial.storage import first_line as _first_line
 from trial.storage import redact
@@ -76,7 +76,7 @@ def queued(hook):
     return call
 
 
-class MlflowRecorder:
+class MlflowRecorder(Lookups):
     """The study's MLflow record (a Recorder, study/record/recorder.py). Its parent run is found by
     the study's identity (study/record/identity.py), never by name alone, and every child is looked up
     under that parent: a study never reads, tags, deletes or overwrites another study's runs, though
