@@ -44,6 +44,8 @@ class LossGapSpec(Analysis):
 
     name: ClassVar[str] = "loss_gap"
     metrics: ClassVar[tuple[Metric, ...]] = (Metric("loss_gap/*", "end"),)
+    # results.csv's columns: the gap recovered per k, what a T4 claim reads (study/results/verdicts.py)
+    report_columns: ClassVar[tuple[str, ...]] = ("loss_gap/recovered_median/*", "loss_gap/L_long", "loss_gap/L_short")
     tables: ClassVar[tuple[str, ...]] = ("summary", "records")
 
     long_context: int = Field(256, ge=2, le=MAX_POSITION)

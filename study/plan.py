@@ -82,7 +82,8 @@ def plan_lines(spec: StudySpec, max_concurrent: int | None, concurrency_from: st
     for c in cells:
         lines.append(f"  cell {c.index}: {c.label}")
     for claim in spec.claims:  # judged when the study ends (study/results/verdicts.py)
-        lines.append(f"  claim {claim.name}: {claim.metric} at {claim.times:g}x, {claim.rule}  [{claim.source}]")
+        at = f" at {claim.times:g}x" if claim.is_rate else ""
+        lines.append(f"  claim {claim.name}: {claim.metric}{at}, {claim.rule}  [{claim.source}]")
     return lines
 
 

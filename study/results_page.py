@@ -75,6 +75,10 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
         return {**row, "verdict": "not run here", "2x": "-", "3x": "-", "fit": "-", "extrapolate": "-"}
     verdict = next(v for v in judge(spec, runs) if v.claim.name == claim.name)
     cell = spec.claim_cells(claim)[0]
+    if not claim.is_rate:  # a run's own number: no test length, no fit
+        values = [r["rate"] for r in verdict.rows]
+        return {**row, "verdict": f"**{verdict.verdict}**", "2x": f"{_mean_range(values)} ({claim.metric})",
+                "3x": "-", "fit": "-", "extrapolate": "-", "setup": row["setup"] + f"; {len(values)} seeds"}
     points = {}
     for times in (claim.times, claim.times * 1.5):
         judged = claim.model_copy(update={"times": times})

@@ -165,3 +165,16 @@ def test_the_results_page_row_of_a_claim_counts_the_runs_that_fit_and_extrapolat
     assert row["verdict"] == "**holds**" and row["fit"] == "2/3" and row["extrapolate"] == "2/3", row
     assert row["2x"].startswith("0.82 [0.50-1.00]") and row["published"] == "a paper: 1.00"
     assert results_page.claim_row(spec, spec.claims[0], None)["verdict"] == "not run here"
+
+
+def test_a_runs_own_metric_is_judged_against_a_bound_on_every_run():
+    claim = {"name": "t4", "cell": {"ids": "coupled"}, "metric": "loss_gap/recovered_median/k4", "at_least": 0.5}
+    spec = spec_with(claims=[claim])
+    rows = results(spec, {"coupled": [0.0] * 3, "random_shift": [0.0] * 3})
+    rows["loss_gap/recovered_median/k4"] = rows.seed.map({0: 0.7, 1: 0.6, 2: 0.55})
+    verdict = judge(spec, rows)[0]
+    assert verdict.verdict == "holds" and "reached on 3/3 runs" in verdict.line, verdict.line
+    rows["loss_gap/recovered_median/k4"] = rows.seed.map({0: 0.7, 1: 0.6, 2: 0.45})
+    assert judge(spec, rows)[0].verdict == "fails"
+    with pytest.raises(ValueError, match="judged against a bound"):
+        spec_with(claims=[{**claim, "at_least": None, "baseline": {"ids": "random_shift"}}])

@@ -30,6 +30,12 @@ SUMMARY_COLUMNS = list(metrics.SUMMARY)
 OPTIONAL_COLUMNS = metrics.OPTIONAL  # kept where a trial reports them (language models, the analyses)
 
 
+def is_report_column(key: str) -> bool:
+    """Whether a trial's metric is a column of results.csv: an OPTIONAL name, or under an OPTIONAL family
+    (`loss_gap/recovered_median/*`: one column per k)."""
+    return any(key == c or c.endswith("/*") and key.startswith(c[:-1]) for c in OPTIONAL_COLUMNS)
+
+
 def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
     """trials: [{"trial_id", "config" (the Tune config), "metrics" (last result), "status"}]: a row per
     trial x evaluation point, and one row (no length, no k) for a trial without an evaluation of the evaluation points:
@@ -52,7 +58,7 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
             "search_index": t["config"].get("search_index"),
             "status": t["status"],
             **{k: metrics.get(k) for k in [spec.objective.metric, *SUMMARY_COLUMNS]},
-            **{k: metrics[k] for k in OPTIONAL_COLUMNS if k in metrics},
+            **{k: v for k, v in metrics.items() if is_report_column(k)},
         }
         records = metrics.get("eval_records") or []
         rows += [{**common, **rec} for rec in records] or [common]  # every trial has a row, failed or stopped
@@ -95,7 +101,7 @@ def select(spec: StudySpec, results: pd.DataFrame) -> pd.DataFrame:
             best = {**records[0], "tied": 1, "chosen_by": "first seed"}
         runs = seed_runs(spec, group, best["trial_id"])
         best["seeds"] = len(runs)
-        for col in [*SUMMARY_COLUMNS, *[c for c in OPTIONAL_COLUMNS if c in runs]]:
+        for col in [*SUMMARY_COLUMNS, *[c for c in runs.columns if is_report_column(c)]]:
             best[f"{col}_mean"], best[f"{col}_min"], best[f"{col}_max"], _ = mean_and_range(runs[col])
         rows.append(best)
     if not rows:

@@ -71,6 +71,8 @@ def judge(spec: StudySpec, results: pd.DataFrame) -> list[Verdict]:
 
 def judge_claim(spec: StudySpec, claim: ClaimSpec, results: pd.DataFrame) -> Verdict:
     cell, base = spec.claim_cells(claim)
+    if not claim.is_rate:
+        return _judge_run_metric(claim, _run_values(spec, cell, claim, results))
     mine = run_points(spec, cell, claim, claim.k, results)
     if not claim.compares:
         return _judge_bound(claim, mine)
@@ -157,6 +159,34 @@ def _judge_bound(claim: ClaimSpec, mine: dict) -> Verdict:
                f"reached on {sum(ok)}/{len(ok)} runs that fit; runs fit {fit}/{runs}")
     if len(judged) < MIN_SEEDS:
         return Verdict(claim, "inconclusive", f"fewer than {MIN_SEEDS} runs fit in distribution; {figures}", rows)
+    return Verdict(claim, "holds" if all(ok) else "fails", figures, rows)
+
+
+def _run_values(spec: StudySpec, cell: Cell, claim: ClaimSpec, results: pd.DataFrame) -> dict[tuple, float]:
+    """Per run, keyed (study, seed): its own value of the claim's metric (a column of results.csv)."""
+    if results.empty or "cell" not in results or claim.metric not in results:
+        return {}
+    rows = results[results.cell == cell.label]
+    rows = rows if "study" in rows else rows.assign(study="")
+    out = {}
+    for study, group in rows.groupby("study", sort=False):
+        for _trial_id, run in _runs(spec, group):
+            value = run[claim.metric].dropna()
+            if not value.empty:
+                out[(study, int(run.seed.iloc[0]))] = float(value.iloc[0])
+    return out
+
+
+def _judge_run_metric(claim: ClaimSpec, values: dict[tuple, float]) -> Verdict:
+    """A bound on a run's own number (no test samples behind it: no interval), on every run."""
+    rows, ok = [], []
+    for (study, seed), value in values.items():
+        reached = value >= claim.at_least if claim.at_least is not None else value <= claim.at_most
+        ok.append(reached)
+        rows.append({"claim": claim.name, "study": study, "seed": seed, "rate": value, "reached": reached})
+    figures = f"{claim.metric} {_mean_range(list(values.values()))} {claim.rule}? reached on {sum(ok)}/{len(ok)} runs"
+    if len(values) < MIN_SEEDS:
+        return Verdict(claim, "inconclusive", f"fewer than {MIN_SEEDS} runs; {figures}", rows)
     return Verdict(claim, "holds" if all(ok) else "fails", figures, rows)
 
 

@@ -36,7 +36,9 @@ class ClaimSpec(Strict):
                                    "at another k_test, as T1 compares them)")
     at_least: float | None = Field(None, ge=0, le=1, description="or: the rate it must reach")
     at_most: float | None = Field(None, ge=0, le=1, description="or: the rate it must stay under")
-    metric: Literal["exact_match", "answer_token_acc", "answer_acc"] = "exact_match"
+    metric: str = Field("exact_match", max_length=200, description="a rate of the evaluation points (exact_match, "
+                        "answer_token_acc, answer_acc), or a run's own metric in results.csv (loss_gap/...): a "
+                        "bound, judged per run")
     times: float = Field(2.0, gt=0, le=1000, description="the test length, as a multiple of each cell's "
                          "train length (the nearest evaluated length at or above it)")
     k: int | None = Field(None, ge=1, description="the evaluation point's k_test (default: the cell's train k)")
@@ -51,9 +53,17 @@ class ClaimSpec(Strict):
         if len(rules) != 1:
             raise ValueError(f"claim {self.name}: give exactly one of baseline (or baseline_k), at_least, at_most "
                              f"(got {', '.join(rules) or 'none'})")
+        if self.metric not in CLAIM_METRICS and (self.compares or self.k is not None):
+            raise ValueError(f"claim {self.name}: metric: {self.metric!r} is a run's own metric, judged against a "
+                             f"bound (at_least / at_most) only; rates to compare: {', '.join(CLAIM_METRICS)}")
         if self.baseline_k is not None and self.baseline is None and self.baseline_k == self.k:
             raise ValueError(f"claim {self.name}: baseline_k: {self.baseline_k} is the claim's own k")
         return self
+
+    @property
+    def is_rate(self) -> bool:
+        """A rate of n test samples (an interval per seed) rather than a run's own number."""
+        return self.metric in CLAIM_METRICS
 
     @property
     def compares(self) -> bool:

@@ -254,9 +254,9 @@ class StudySpec(Strict):
                                      "at the same k_test")
             for cell in picked:
                 cfg = self._checked[cell.index]
-                if cfg.task_instance.evaluation == "loss":
-                    raise ValueError(f"claims.{i}: cell {cell.label} is scored by its loss on text; a claim "
-                                     "judges rates of generated answers")
+                if cfg.task_instance.evaluation == "loss" and claim.is_rate:
+                    raise ValueError(f"claims.{i}.metric: cell {cell.label} is scored by its loss on text, which has "
+                                     f"no {claim.metric}; judge one of its run's metrics (loss_gap/...)")
 
     def claim_cells(self, claim: ClaimSpec) -> tuple[Cell, Cell | None]:
         """The claim's cell and its baseline's (None for a bound)."""
