@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.study_overhead", description=__doc__.split("\n")[0])
     p.add_argument("--spec", default="search_spaces/experiments/coupling_addition.yaml", help="its first cell is run")
     p.add_argument("--steps", type=int, default=1000, help="training steps of the cell")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="runs of each, interleaved (the medians are compared)")
     args = p.parse_args(argv)
     from study.spec.schema import load_spec
 
