@@ -6,9 +6,9 @@
 Trains one trial config in-process (the same loop as `python -m study.train`), then, per test length,
 prints for every target position the teacher-forced accuracy (inference ids, the oracle's under
 PPC) next to the largest id distance between that target's predicting token and any key it can
-attend to, and the largest such distance any training sequence had. docs/coupling.md
-uses it to show that full-attention coupling fails exactly where a query sees id distances that no
-training sequence had.
+attend to, and the largest such distance any training sequence had (analysis/per_position.py,
+which a study runs after each trial with a `per_position:` section). docs/coupling.md uses it to show
+that full-attention coupling fails exactly where a query sees id distances no training sequence had.
 """
 
 from __future__ import annotations
@@ -17,17 +17,6 @@ import argparse
 import os
 import sys
 import tempfile
-
-import numpy as np
-
-
-def id_span(ids: np.ndarray, seq_len: np.ndarray) -> np.ndarray:
-    """[B, T]: the largest |id_t - id_j| over the keys j <= t a query at t may attend to."""
-    T = ids.shape[1]
-    valid = np.arange(T)[None, :] < seq_len[:, None]
-    diff = np.abs(ids[:, :, None] - ids[:, None, :])
-    causal = np.tril(np.ones((T, T), dtype=bool))[None] & valid[:, None, :]
-    return np.where(causal, diff, 0).max(axis=2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,9 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     import analysis  # noqa: F401  (registers the analyses: trial configs take their sections)
+    from analysis.per_position import position_rows, trained_span
     from study.spec.schema import set_path  # the dotted-path setter study specs use
     from trial.config import TrialConfig
-    from trial.evaluate import with_places
     from trial.loop import load_trained, train_loop_per_worker
     from trial.session import FolderSession
     from trial.yaml_io import describe_errors
@@ -71,27 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         _, task, model = load_trained(folder)
 
     pos = cfg.positional
-    rng = np.random.default_rng([cfg.seed, 31337])
-    train = task.sample(4096, rng)
-    train_ids = pos.scheme.training_ids(train.position_ids, train.seq_len, rng, task.fixed_prefix)
-    trained_span = int(id_span(train_ids, train.seq_len).max())
+    trained = trained_span(task, pos.scheme, cfg.seed)
     print(f"{cfg.task.name} {pos.label} id_window={pos.id_window} heads={pos.id_window_heads}: "
-          f"largest id distance in training {trained_span}")
+          f"largest id distance in training {trained}")
     for length, k in cfg.eval_points():
-        batch = with_places(task, task.sample(args.samples, rng, length=length, k=k), pos.scheme)
-        ids = pos.scheme.inference_ids(batch.position_ids)
-        places = None if batch.digit_places is None else torch.from_numpy(batch.digit_places[:, :-1])
-        with torch.no_grad():
-            logits, _, _ = model(torch.from_numpy(batch.tokens[:, :-1]), torch.from_numpy(ids[:, :-1]),
-                                 digit_places=places)
-        right = (logits.argmax(-1).numpy() == batch.tokens[:, 1:]) & batch.loss_mask[:, 1:]
-        P, G = int(batch.prompt_len[0]), int(batch.seq_len[0] - batch.prompt_len[0])
-        acc = right[:, P - 1 : P - 1 + G].mean(0)
-        span = id_span(ids, batch.seq_len)[:, P - 1 : P - 1 + G].max(0)
+        rows = position_rows(model, task, pos.scheme, length, k, args.samples, cfg.seed, trained, torch.device("cpu"))
         print(f"\nlength {length}" + (f", k {k}" if k else "") + ": target position, accuracy, id distance seen")
-        for i in range(G):
-            flag = "  > trained" if span[i] > trained_span else ""
-            print(f"  {i:3d}  {acc[i]:.2f}  {span[i]:3d}{flag}")
+        for r in rows:
+            flag = "  > trained" if r["id_distance"] > trained else ""
+            print(f"  {r['position']:3d}  {r['accuracy']:.2f}  {r['id_distance']:3d}{flag}")
     return 0
 
 
