@@ -375,6 +375,8 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("positional.ids", put("positional.ids", "absolute")),
         ("positional.shift", put("positional.shift", "sometimes")),
         ("positional.pose_chunks", put("positional.pose_chunks", 0)),
+        ("optim.length_groups", put("optim.length_groups", 0)),
+        ("per_position.samples", section("per_position", samples=0)),
         ("positional.position_loss_weight", put("positional.position_loss_weight", -1.0)),
         # a PPC head option on ids that have no position head (the cross-field check)
         ("positional.position_target",
