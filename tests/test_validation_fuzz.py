@@ -241,7 +241,8 @@ def study_cases(path: Path, rng: random.Random) -> list[Case]:
     claim = {"name": "c", "cell": {"no_such_factor": 1}, "at_least": 0.9}
     bad("claim-no-cell", "claims.0.cell", lambda s: s.update(claims=[claim]))
     bad("claim-two-rules", "claims.0", lambda s: s.update(claims=[{**claim, "cell": {}, "at_most": 0.1}]))
-    bad("claim-metric", "claims.0.metric", lambda s: s.update(claims=[{**claim, "cell": {}, "metric": "val_loss"}]))
+    bad("claim-metric", "claims.0.metric", lambda s: s.update(claims=[{**claim, "cell": {}, "metric": "val_lossy"}]))
+    bad("claim-metric-name", "claims.0.metric", lambda s: s.update(claims=[{**claim, "cell": {}, "metric": "a b"}]))
     bad("claim-times", "claims.0.times", lambda s: s.update(claims=[{**claim, "cell": {}, "times": -1}]))
 
     # accepted: the platform must not refuse what can train

@@ -30,6 +30,12 @@ SUMMARY_COLUMNS = list(metrics.SUMMARY)
 OPTIONAL_COLUMNS = metrics.OPTIONAL  # kept where a trial reports them (language models, the analyses)
 
 
+def report_columns(metrics: dict) -> list[str]:
+    """A trial's metrics that are results.csv columns, in OPTIONAL's order, a family's in the trial's."""
+    named = [c for c in OPTIONAL_COLUMNS if not c.endswith("/*") and c in metrics]
+    return named + [k for k in metrics if k not in named and is_report_column(k)]
+
+
 def is_report_column(key: str) -> bool:
     """Whether a trial's metric is a column of results.csv: an OPTIONAL name, or under an OPTIONAL family
     (`loss_gap/recovered_median/*`: one column per k)."""
@@ -58,7 +64,7 @@ def results_frame(spec: StudySpec, trials: list[dict]) -> pd.DataFrame:
             "search_index": t["config"].get("search_index"),
             "status": t["status"],
             **{k: metrics.get(k) for k in [spec.objective.metric, *SUMMARY_COLUMNS]},
-            **{k: v for k, v in metrics.items() if is_report_column(k)},
+            **{k: metrics[k] for k in report_columns(metrics)},
         }
         records = metrics.get("eval_records") or []
         rows += [{**common, **rec} for rec in records] or [common]  # every trial has a row, failed or stopped

@@ -36,7 +36,7 @@ class ClaimSpec(Strict):
                                    "at another k_test, as T1 compares them)")
     at_least: float | None = Field(None, ge=0, le=1, description="or: the rate it must reach")
     at_most: float | None = Field(None, ge=0, le=1, description="or: the rate it must stay under")
-    metric: str = Field("exact_match", max_length=200, description="a rate of the evaluation points (exact_match, "
+    metric: str = Field("exact_match", max_length=200, pattern=r"^[A-Za-z0-9_./-]+$", description="a rate of the evaluation points (exact_match, "
                         "answer_token_acc, answer_acc), or a run's own metric in results.csv (loss_gap/...): a "
                         "bound, judged per run")
     times: float = Field(2.0, gt=0, le=1000, description="the test length, as a multiple of each cell's "

@@ -246,6 +246,11 @@ class StudySpec(Strict):
             raise ValueError(f"claims: a name given twice ({sorted({n for n in names if names.count(n) > 1})})")
         cells = self.cells()
         for i, claim in enumerate(self.claims):
+            if not claim.is_rate and not any(claim.metric == c or c.endswith("/*") and claim.metric.startswith(c[:-1])
+                                             for c in metrics.OPTIONAL):
+                raise ValueError(f"claims.{i}.metric: {claim.metric!r} is neither a rate of the evaluation points "
+                                 f"(exact_match, answer_token_acc, answer_acc) nor a column results.csv keeps "
+                                 f"({', '.join(metrics.OPTIONAL)})")
             picked = [pick_cell(cells, claim.cell, f"claims.{i}.cell")]
             if claim.baseline is not None:
                 picked.append(pick_cell(cells, claim.baseline, f"claims.{i}.baseline"))
