@@ -71,6 +71,7 @@ def exact_at(out: dict, length: int, ids: str) -> float:
     return rec["exact_match"]
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_addition_with_coupling_generalizes_to_twice_the_train_length():
     """Coupled addition with id_window (our prior) at CI size: 1-4 digit operands in training, 8 at
     test, every digit of the sum right. (Where the others stand on the same budget is the claims of
@@ -88,6 +89,7 @@ def test_addition_with_coupling_generalizes_to_twice_the_train_length():
 # record, not a CI-sized copy of it here.
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_ppc_on_parity_predicts_its_own_ids_beyond_the_train_length():
     """PPC: at 2x the train length the model's own predicted ids are the coupled ones, and the
     scratchpad is right with them."""
@@ -100,6 +102,7 @@ def test_ppc_on_parity_predicts_its_own_ids_beyond_the_train_length():
     assert np.isclose(out["metrics"]["exact_beyond"], pred["exact_match"])
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_ppc_pointer_head_finds_the_next_marked_bit_past_the_train_length():
     """T2 (the paper's Figure 2) at CI size: on sparse parity with a scratchpad the next id is "the
     next marked bit after mine", a gap that grows with the length. The pointer head (scan), trained

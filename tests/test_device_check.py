@@ -43,6 +43,7 @@ def test_a_wheel_that_needs_a_package_nobody_carries_is_named(wheels, monkeypatc
     assert device_wheels.unmet_requirements(wheels) == {deepspeed: ["py-cpuinfo"]}
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_the_shrunk_plan_runs_every_step_without_the_study_levels_packages(tmp_path):
     """The whole script on CPU, Ray, MLflow and Optuna made unimportable as on the GPU machine."""
     block = tmp_path / "block"
@@ -83,6 +84,7 @@ def test_the_budget_is_the_largest_that_fits_what_is_left(left_s, expected):
     assert steps % 1000 == 0 and 500 <= steps <= 50000
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_the_headline_plan_and_its_half_width_rehearse_on_cpu(tmp_path):
     """Cho et al.'s headline configuration (1-30 digits, a fixed set, no leading zeros, the best step by
     its loss at 100 digits) and its half-width variant, each fit to the deadline, shrunk."""

@@ -163,6 +163,7 @@ def test_trained_lm_losses_are_ordered(trained_lm):
     assert records.L_long.mean() == pytest.approx(m["loss_gap/L_long"], abs=1e-4)
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_cli_on_a_checkpoint_and_on_a_hugging_face_model(trained_lm, tmp_path):
     import subprocess
     import sys

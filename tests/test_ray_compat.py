@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import ray
 
 from study import ray_compat
@@ -35,6 +36,7 @@ def test_the_restored_tuner_configs_are_the_ones_fit_reads(tmp_path):
     assert tuner._local_tuner._get_tune_run_arguments(trainable)["max_concurrent_trials"] == 5
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_a_trial_that_failed_before_reporting_has_its_config_from_its_trial(tmp_path):
     """study/experiment/tuning.py reads each trial's config through trial_configs: a real Tune run (its
     own process, a local Ray) where one trial's process is killed before its first report (as the OOM
@@ -150,6 +152,7 @@ def test_a_retried_report_keeps_its_checkpoint_index(monkeypatch):
     assert used == [7, 7, 7]
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_the_embedded_ray_starts_with_token_auth_and_no_warning_about_it():
     """A fresh process with RAY_AUTH_MODE unset: Ray alone turns token auth on for a new local cluster
     and warns how to opt out; with ours first, the cluster has token auth (a task runs through it)

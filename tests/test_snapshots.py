@@ -80,6 +80,7 @@ json.dump({"snapshots": listener.snapshots, "steps": listener.calls, "errors": g
 
 
 @pytest.mark.parametrize("where", ["folder", "bucket"])
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_snapshots_are_in_storage_when_the_listener_is_told(where, tmp_path, request):
     env = dict(ENV)
     if where == "bucket":

@@ -196,6 +196,7 @@ def sparse_parity_model(tmp_path_factory):
     return train(tmp_path_factory, "sparse_parity", cfg)
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_trained_sparse_parity_model_needs_exactly_its_marked_bits(sparse_parity_model):
     metrics, folder = sparse_parity_model
     assert metrics["val_exact"] >= 0.99  # trained to >= 99% in distribution
@@ -241,6 +242,7 @@ def scratchpad_model(tmp_path_factory):
     return train(tmp_path_factory, "scratchpad", cfg)
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_trained_scratchpad_model_needs_two_tokens_per_step(scratchpad_model, tmp_path):
     """Each step s_i needs s_{i-1} (the token that predicts it) and the i-th marked bit."""
     metrics, folder = scratchpad_model

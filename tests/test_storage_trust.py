@@ -162,12 +162,14 @@ def race(study_dir: str, env: dict | None = None, racers: int = 4, rounds: int =
         # rewrites it names the killed driver, seen once under load)
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_two_takeovers_of_a_killed_drivers_folder_lock_racing_exactly_one_wins(tmp_path):
     (tmp_path / "study").mkdir()  # run.py makes it before it locks
     race(str(tmp_path / "study"))
     assert not (tmp_path / "study" / "driver.lock").exists()  # the winner released it
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_two_takeovers_of_a_killed_drivers_bucket_lock_racing_exactly_one_wins(s3):
     race("s3://studies/raced/study", s3["env"])
     assert "raced/study/driver.lock" not in bucket_keys(s3, "raced/")
@@ -211,6 +213,7 @@ def test_a_lock_whose_holder_cannot_be_seen_from_here_is_not_taken_over(where, h
 
 
 # --- 10b. a bucket study whose local disk fills says so ---------------------------------------------
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_a_bucket_study_whose_local_disk_is_full_is_a_clear_error(s3, tmp_path):
     """The study lives in a bucket, but the driver stages on its own disk: Ray's session (Tune's
     experiment state, the trials' checkpoints before upload) and temporary files, under TMPDIR here a

@@ -153,6 +153,7 @@ def test_ppc_reports_predicted_and_oracle_ids():
     assert all("id_match" in r for r in out["records"] if r["ids"] == "predicted")
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_small_model_learns_sparse_parity():
     """k <= 2 planted bits: at least 95% in-distribution, from the shipped example config."""
     cfg = TrialConfig.model_validate(
@@ -332,6 +333,7 @@ def test_a_run_restored_after_its_last_report_resends_it_without_work(tmp_path):
     assert resent["records"] == done["records"]
 
 
+@pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
 def test_a_compiled_train_step_takes_the_same_steps_as_eager():
     """`deepspeed.compile: true` compiles the forward of the train step (DeepSpeed's engine.compile);
     validation and the evaluation points run eagerly. The compiled run trains the same model: the same
