@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from study.results.verdicts import FITS, judge, run_points
+from study.results.verdicts import FITS, judge, run_points, runs_text
 from study.spec.schema import StudySpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,13 +58,6 @@ def add_study(folder: str) -> Path:
     return path
 
 
-def _mean_range(values: list[float]) -> str:
-    if not values:
-        return "-"
-    low, high, mean = min(values), max(values), sum(values) / len(values)
-    return f"{mean:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{mean:.2f} [{low:.2f}-{high:.2f}]"
-
-
 def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, str]:
     cfg = spec.checked_config(spec.claim_cells(claim)[0])
     prior = " (`id_window`: our prior)" if cfg.positional.id_window is not None and "id_window" not in claim.setup else ""
@@ -77,7 +70,7 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
     cell = spec.claim_cells(claim)[0]
     if not claim.is_rate:  # a run's own number: no test length, no fit
         values = [r["rate"] for r in verdict.rows]
-        return {**row, "verdict": f"**{verdict.verdict}**", "2x": f"{_mean_range(values)} ({claim.metric})",
+        return {**row, "verdict": f"**{verdict.verdict}**", "2x": f"{runs_text(values)} ({claim.metric})",
                 "3x": "-", "fit": "-", "extrapolate": "-", "setup": row["setup"] + f"; {len(values)} seeds"}
     points = {}
     for times in (claim.times, claim.times * 1.5):
@@ -88,8 +81,8 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
     seeds = len({key for key in points[claim.times]})
     exact_at = [p.rate for p in at] if claim.metric == "exact_match" else []
     return {**row, "verdict": f"**{verdict.verdict}**",
-            "2x": f"{_mean_range([p.rate for p in at])} ({claim.metric}, {at[0].length if at else '-'})",
-            "3x": f"{_mean_range([p.rate for p in further])} ({further[0].length})" if further else "-",
+            "2x": f"{runs_text([p.rate for p in at])} ({claim.metric}, {at[0].length if at else '-'})",
+            "3x": f"{runs_text([p.rate for p in further])} ({further[0].length})" if further else "-",
             "fit": f"{sum(p.fit for p in at)}/{seeds}",
             "extrapolate": f"{sum(r >= FITS for r in exact_at)}/{seeds}" if exact_at else "-",
             "setup": row["setup"] + f"; {seeds} seeds"}
@@ -157,7 +150,7 @@ def curve(spec: StudySpec, runs: pd.DataFrame, series: pd.DataFrame | None) -> s
             mean = kept.groupby("step")[metric].mean().dropna()
             if not mean.empty:
                 tracked = f"{mean.max():.2f} ({int(mean.idxmax()):,}) / {mean.iloc[-1]:.2f}"
-        cells = [_mean_range(at(1, "last"))] + [_mean_range(at(t, c, fitted)) if fitted else "-"
+        cells = [runs_text(at(1, "last"))] + [runs_text(at(t, c, fitted)) if fitted else "-"
                                                 for t, c in ((2, "last"), (2, "best"), (3, "last"), (3, "best"))]
         lines.append(f"| `{cell.label}` | {fit}/{len(seeds)} | " + " | ".join(cells) + f" | {solved} of {len(seeds)} | "
                      f"{tracked} |")

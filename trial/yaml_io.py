@@ -61,45 +61,44 @@ def check_yaml_expansion(path: str, limit: int = MAX_YAML_EXPANSION, data: bytes
     stack: list[list] = []  # open collections: [values so far, anchor, deepest child nesting]
     total, aliases = 0, False
     source = data if data is not None else read_config_file(path)
-    if True:  # the events of what was read once
-        try:
-            for event in yaml.parse(source, Loader=yaml.SafeLoader):
-                if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-                    if len(stack) >= MAX_SCAN_DEPTH:
-                        return  # the loaders refuse this depth themselves, naming the key
-                    stack.append([1, event.anchor, 0])
-                    continue
-                mark = event.start_mark
-                if isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-                    size, anchor, depth = stack.pop()
-                    depth += 1
-                elif isinstance(event, yaml.ScalarEvent):
-                    size, anchor, depth = 1, event.anchor, 0
-                elif isinstance(event, yaml.AliasEvent):
-                    name = event.anchor
-                    if any(open_anchor == name for _, open_anchor, _ in stack):
-                        raise YamlBomb(f"{_at(path, mark)}: alias *{name} is inside the collection &{name} "
-                                       "it names (a recursive YAML alias); write the values out instead")
-                    (size, depth), anchor, aliases = sizes.get(name, (1, 0)), None, True
-                    deep = len(stack) + depth
-                    if deep > MAX_YAML_DEPTH:  # a chain of aliases nests without bound
-                        raise YamlBomb(f"{_at(path, mark)}: alias *{name} nests its values {deep} levels "
-                                       f"deep, beyond the bound of {MAX_YAML_DEPTH} (MAX_YAML_DEPTH); write "
-                                       "the values out instead")
-                else:
-                    continue
-                if anchor is not None:
-                    sizes[anchor] = (size, depth)
-                if stack:
-                    stack[-1][0] += size
-                    stack[-1][2] = max(stack[-1][2], depth)
-                else:
-                    total += size
-                if aliases and (total + sum(s for s, _, _ in stack)) > limit:
-                    raise YamlBomb(f"{_at(path, mark)}: its aliases expand to more than {limit} values (a "
-                                   "YAML alias bomb?); write the values out instead")
-        except yaml.YAMLError:
-            return
+    try:
+        for event in yaml.parse(source, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                if len(stack) >= MAX_SCAN_DEPTH:
+                    return  # the loaders refuse this depth themselves, naming the key
+                stack.append([1, event.anchor, 0])
+                continue
+            mark = event.start_mark
+            if isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                size, anchor, depth = stack.pop()
+                depth += 1
+            elif isinstance(event, yaml.ScalarEvent):
+                size, anchor, depth = 1, event.anchor, 0
+            elif isinstance(event, yaml.AliasEvent):
+                name = event.anchor
+                if any(open_anchor == name for _, open_anchor, _ in stack):
+                    raise YamlBomb(f"{_at(path, mark)}: alias *{name} is inside the collection &{name} "
+                                   "it names (a recursive YAML alias); write the values out instead")
+                (size, depth), anchor, aliases = sizes.get(name, (1, 0)), None, True
+                deep = len(stack) + depth
+                if deep > MAX_YAML_DEPTH:  # a chain of aliases nests without bound
+                    raise YamlBomb(f"{_at(path, mark)}: alias *{name} nests its values {deep} levels "
+                                   f"deep, beyond the bound of {MAX_YAML_DEPTH} (MAX_YAML_DEPTH); write "
+                                   "the values out instead")
+            else:
+                continue
+            if anchor is not None:
+                sizes[anchor] = (size, depth)
+            if stack:
+                stack[-1][0] += size
+                stack[-1][2] = max(stack[-1][2], depth)
+            else:
+                total += size
+            if aliases and (total + sum(s for s, _, _ in stack)) > limit:
+                raise YamlBomb(f"{_at(path, mark)}: its aliases expand to more than {limit} values (a "
+                               "YAML alias bomb?); write the values out instead")
+    except yaml.YAMLError:
+        return
 
 
 class InputFileError(ValueError):

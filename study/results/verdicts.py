@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from study.results.intervals import newcombe, wilson
-from study.results.tables import seed_runs
+from study.results.tables import mean_and_range, mean_range, seed_runs
 from study.spec.claims import ClaimSpec
 from study.spec.schema import Cell, StudySpec
 
@@ -135,12 +135,9 @@ def _counts(points: dict) -> tuple[int, int]:
     return sum(p.fit for p in runs), len(points)
 
 
-def _mean_range(values: list[float]) -> str:
-    if not values:
-        return "-"
-    low, high = min(values), max(values)
-    mean = sum(values) / len(values)
-    return f"{mean:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{mean:.2f} [{low:.2f}-{high:.2f}]"
+def runs_text(values: list[float]) -> str:
+    """`mean [min-max]` of the runs, as every table prints it (study/results/tables.py)."""
+    return mean_range(*mean_and_range(pd.Series(values, dtype=float))[:3], digits=2)
 
 
 def _judge_bound(claim: ClaimSpec, mine: dict) -> Verdict:
@@ -155,7 +152,7 @@ def _judge_bound(claim: ClaimSpec, mine: dict) -> Verdict:
                      "fit_exact": p.fit_exact, "rate": p.rate, "low": low, "high": high, "reached": reached})
     rates = [p.rate for p in judged.values()]
     length = next((p.length for p in judged.values()), None)
-    figures = (f"{claim.metric} at {claim.times:g}x ({length}) {_mean_range(rates)} {claim.rule}? "
+    figures = (f"{claim.metric} at {claim.times:g}x ({length}) {runs_text(rates)} {claim.rule}? "
                f"reached on {sum(ok)}/{len(ok)} runs that fit; runs fit {fit}/{runs}")
     if len(judged) < MIN_SEEDS:
         return Verdict(claim, "inconclusive", f"fewer than {MIN_SEEDS} runs fit in distribution; {figures}", rows)
@@ -184,7 +181,7 @@ def _judge_run_metric(claim: ClaimSpec, values: dict[tuple, float]) -> Verdict:
         reached = value >= claim.at_least if claim.at_least is not None else value <= claim.at_most
         ok.append(reached)
         rows.append({"claim": claim.name, "study": study, "seed": seed, "rate": value, "reached": reached})
-    figures = f"{claim.metric} {_mean_range(list(values.values()))} {claim.rule}? reached on {sum(ok)}/{len(ok)} runs"
+    figures = f"{claim.metric} {runs_text(list(values.values()))} {claim.rule}? reached on {sum(ok)}/{len(ok)} runs"
     if len(values) < MIN_SEEDS:
         return Verdict(claim, "inconclusive", f"fewer than {MIN_SEEDS} runs; {figures}", rows)
     return Verdict(claim, "holds" if all(ok) else "fails", figures, rows)
@@ -208,8 +205,8 @@ def _judge_comparison(claim: ClaimSpec, mine: dict, theirs: dict) -> Verdict:
                      "difference": d, "low": low, "high": high, "reached": reached})
     cell_rates = [mine[k].rate for k in both]
     base_rates = [theirs[k].rate for k in both]
-    figures = (f"{claim.metric} at {claim.times:g}x: {_mean_range(cell_rates)} against {_mean_range(base_rates)}, "
-               f"difference {_mean_range(diffs)}, interval above 0 and >= {claim.effect:g} on {sum(ok)}/{len(ok)} "
+    figures = (f"{claim.metric} at {claim.times:g}x: {runs_text(cell_rates)} against {runs_text(base_rates)}, "
+               f"difference {runs_text(diffs)}, interval above 0 and >= {claim.effect:g} on {sum(ok)}/{len(ok)} "
                f"seeds where both fit; runs fit {fit_a}/{runs_a} and {fit_b}/{runs_b} (baseline)")
     if len(both) < MIN_SEEDS:
         return Verdict(claim, "inconclusive", f"fewer than {MIN_SEEDS} seeds where both cells fit; {figures}", rows)
