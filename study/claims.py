@@ -25,13 +25,15 @@ from study.results.verdicts import judge
 from study.spec.schema import StudySpec
 
 EXIT_BAD_INPUT = 2
-# what studies pooled as one may differ in: who they are, their seeds, their claims, where they ran
-POOLED_MAY_DIFFER = ("name", "description", "seed", "claims")
+# what studies pooled as one may differ in: who they are, their seeds (first and how many), their claims,
+# where they ran
+POOLED_MAY_DIFFER = ("name", "description", "seed", "replicas", "claims")
 
 
 def pooled_results(specs: list[StudySpec], frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame:
     """The studies' rows with a `study` column; ValueError naming a field where two specs differ in
-    more than POOLED_MAY_DIFFER (another setup is not another seed)."""
+    more than POOLED_MAY_DIFFER (another setup is not another seed), or where two share a seed (one
+    spec and seed give the same runs, so a shared seed would be counted twice)."""
     first = specs[0].model_dump(mode="json")
     for spec, name in zip(specs[1:], names[1:]):
         differ = [f for f in changed_fields(first, spec)
@@ -39,6 +41,13 @@ def pooled_results(specs: list[StudySpec], frames: list[pd.DataFrame], names: li
         if differ:
             raise ValueError(f"{name}: not the spec of {names[0]} (it differs in {', '.join(differ[:6])}); "
                              "only studies of one spec, on other seeds, are pooled")
+    seen: dict[int, str] = {}
+    for frame, name in zip(frames, names):
+        for seed in sorted(set(frame.seed.dropna().astype(int))):
+            if seed in seen:
+                raise ValueError(f"{name}: seed {seed} is also {seen[seed]}'s; one spec and seed give the same runs, "
+                                 "so only studies on other seeds are pooled")
+            seen[seed] = name
     return pd.concat([f.assign(study=name) for f, name in zip(frames, names)], ignore_index=True)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from study.claims import pooled_results
 from study.results.intervals import newcombe, wilson
 from study.results.verdicts import judge
 from study.spec.schema import StudySpec
@@ -109,11 +110,24 @@ def test_a_bound_holds_on_every_seed_that_fit():
 
 
 def test_pooled_studies_pair_seeds_within_each_study():
-    spec = spec_with()
-    a = results(spec, {"coupled": [0.5], "random_shift": [0.0]}).assign(study="a")
-    b = results(spec, {"coupled": [0.6], "random_shift": [0.0]}).assign(study="b")
-    assert judge(spec, a)[0].verdict == "inconclusive"  # one seed alone
-    assert judge(spec, pd.concat([a, b]))[0].verdict == "holds"  # seed 0 of two studies: two runs
+    one = spec_with(replicas=1)
+    a = results(one, {"coupled": [0.5], "random_shift": [0.0]})
+    b = results(one, {"coupled": [0.6], "random_shift": [0.0]}).assign(seed=1)
+    assert judge(one, a.assign(study="a"))[0].verdict == "inconclusive"  # one seed alone
+    pooled = pooled_results([one, spec_with(replicas=1, seed=1)], [a, b], ["a", "b"])
+    assert judge(one, pooled)[0].verdict == "holds"  # a seed from each study: two runs
+
+
+def test_studies_of_one_spec_run_a_seed_at_a_time_pool_but_never_on_a_shared_seed():
+    parts = [spec_with(replicas=1, seed=s) for s in (0, 1, 2)]
+    frames = [results(p, {"coupled": [0.5], "random_shift": [0.0]}).assign(seed=s) for s, p in enumerate(parts)]
+    pooled = pooled_results(parts, frames, ["s0", "s1", "s2"])
+    assert sorted(pooled.seed.unique()) == [0, 1, 2] and judge(parts[0], pooled)[0].verdict == "holds"
+    with pytest.raises(ValueError, match="s1: seed 0 is also s0's"):
+        pooled_results(parts[:2], [frames[0], frames[0]], ["s0", "s1"])
+    with pytest.raises(ValueError, match="differs in base.optim.steps"):
+        other = spec_with(base={**SPEC["base"], "optim": {**SPEC["base"]["optim"], "steps": 20}}, seed=1)
+        pooled_results([parts[0], other], frames[:2], ["s0", "s1"])
 
 
 @pytest.mark.parametrize("claim, field", [
