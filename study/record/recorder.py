@@ -2,10 +2,11 @@
 and the registry of the records it can send them to.
 
 A study (study/experiment/tuning.py) speaks only to a `Recorder`: it never names MLflow. MLflow is
-one implementation (study/record/mlflow/); a new one is a class in a module of its own (the events of
-`Recorder`, on `Lookups`' defaults) plus its line in `RECORDERS`, chosen with `python study/run.py --recorder NAME`. Tune's own JSON, CSV and
-TensorBoard loggers and its W&B callback already record a trial's results: a user who wants those adds
-Tune's callback, not a recorder.
+one implementation (study/record/mlflow/), W&B offline another (study/record/wandb_recorder.py); a new
+one is a class in a module of its own (the events of `Recorder`, on `Lookups`' defaults) plus its line
+in `RECORDERS`, chosen with `python study/run.py --recorder NAME`. Tune's own JSON, CSV and TensorBoard
+loggers and its W&B callback record a trial's results alone (no study, selection or claims): a user
+who wants those adds Tune's callback, not a recorder.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 # name -> "module:Class", imported only when chosen: a study that records elsewhere never imports MLflow
-RECORDERS = {"mlflow": "study.record.mlflow.recorder:MlflowRecorder"}
+RECORDERS = {"mlflow": "study.record.mlflow.recorder:MlflowRecorder",
+             "wandb": "study.record.wandb_recorder:WandbRecorder"}  # offline W&B runs under the study's folder
 
 
 class RecordRefused(ValueError):
