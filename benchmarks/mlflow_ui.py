@@ -1,14 +1,16 @@
-"""MLflow at scale for a person: a study of N trials in a PostgreSQL-backed `mlflow server`, read
-back by `search_runs` and on the UI's runs page in headless Chromium (docs/cluster.md, "A
-1,000-trial study in the UI").
+"""MLflow at scale for a person: a study of N trials recorded into the `mlflow server` at
+`--tracking-uri`, read back by `search_runs` and on the UI's runs page in headless Chromium
+(docs/cluster.md, "A 1,000-trial study in the UI").
 
-    python -m benchmarks.mlflow_ui --runs 1000 --json FILE
-    python -m benchmarks.mlflow_ui --from-sqlite studies/mlflow.db --experiment NAME [--runs N] --json FILE
+Start a scratch server yourself (PGPASSWORD in its environment), then point the benchmark at it:
+    mlflow server --backend-store-uri postgresql+psycopg2://mlflow@127.0.0.1/mlflow --workers 1 &
+    python -m benchmarks.mlflow_ui --tracking-uri http://127.0.0.1:5000 --runs 1000 --json FILE
+    python -m benchmarks.mlflow_ui --tracking-uri URL --from-sqlite studies/mlflow.db --experiment NAME ...
 
-The experiment is filled through the server as study/record/mlflow/recorder.py fills it
-(synthetic_study), or copied from a real study's SQLite store (sqlite_study); the page is dumped
-as opened, sorted and filtered (page_figures) and clicked through (browse_figures). How the server
-runs, the keys under "mlflow_ui" in the JSON, and the figures: docs/cluster.md.
+A new experiment there is filled as study/record/mlflow/recorder.py fills one (synthetic_study), or
+copied from a real study's SQLite store (sqlite_study); the page is dumped as opened, sorted and
+filtered (page_figures) and clicked through (browse_figures). The keys under "mlflow_ui" in the JSON,
+and the figures: docs/cluster.md. tests/test_mlflow_ui_benchmark.py starts PostgreSQL and a server.
 """
 
 from __future__ import annotations
@@ -30,17 +32,16 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from benchmarks import postgres
 from study.record.mlflow.experiment import PARENT_TAG
 from study.record.mlflow.recorder import TRIAL_TAG
 
 THREADS, WINDOW = 4, "1280,4000"
-UNAVAILABLE = 3  # the exit status where PostgreSQL cannot be started here (the message says why)
 
 # --- a study-shaped record: the default study's trials (sparse parity, train_k x positional) --------
 POSITIONAL = [("nope", "sequential"), ("learned", "random_shift"), ("rope", "sequential"), ("alibi", "sequential")]
@@ -165,9 +166,9 @@ def record_run(client: MlflowClient, experiment_id: str, run: dict, parent_id: s
     return run_id
 
 
-def fill(url: str, parent: dict, children: list[dict]) -> dict:
+def fill(url: str, parent: dict, children: list[dict], experiment: str) -> dict:
     client = MlflowClient(url)
-    experiment_id = client.create_experiment(parent["name"])
+    experiment_id = client.create_experiment(experiment)
     parent_id = record_run(client, experiment_id, parent)
     with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
         child_ids = list(pool.map(lambda run: record_run(client, experiment_id, run, parent_id), children))
@@ -342,7 +343,13 @@ def browse_figures(browser: str, url: str, ids: dict, timeout: float = 120) -> d
     except Exception as e:  # noqa: BLE001 (the other figures stand without these)
         return {"browse_error": f"{type(e).__name__}: {e}"}
     finally:
-        postgres.stop(proc, signal.SIGTERM, 30)
+        if proc.poll() is None:  # Chromium and its children (its own process group)
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
 
 
@@ -355,8 +362,24 @@ def version(cmd: str) -> str:
     return (out.strip().splitlines() or ["?"])[-1]
 
 
-def run_benchmark(runs: int | None, from_sqlite: str | None = None, experiment: str | None = None,
-                  repeats: int = 3, budget_ms: int = 30000, browse: bool = True) -> dict:
+def server_version(url: str) -> str | None:
+    """The MLflow version the server at `url` answers on /version; None where nothing answers /health."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=10):
+            pass
+    except OSError:
+        return None
+    try:
+        with urllib.request.urlopen(f"{url}/version", timeout=10) as r:
+            return r.read().decode().strip()[:40]
+    except OSError:
+        return "?"
+
+
+def run_benchmark(url: str, runs: int | None, from_sqlite: str | None = None, experiment: str | None = None,
+                  repeats: int = 3, budget_ms: int = 30000, browse: bool = True, server: str = "") -> dict:
+    """The figures for the `mlflow server` at `url` (described by `server`, for the JSON), into an
+    experiment of its own there, named for the source and the time."""
     import mlflow
 
     browser = chromium()
@@ -371,18 +394,17 @@ def run_benchmark(runs: int | None, from_sqlite: str | None = None, experiment: 
            "metric_keys_per_child": round(sum(len({m[0] for m in c["metrics"]}) for c in children) / k, 1),
            "metric_values_per_child": round(sum(len(c["metrics"]) for c in children) / k, 1),
            "cpus": os.cpu_count(), "load_avg_1m_before": round(os.getloadavg()[0], 2), "mlflow": mlflow.__version__,
-           "chromium": version(browser), "postgres": version(os.path.join(postgres.postgres_bindir() or "", "postgres"))}
-    with postgres.running_postgres() as pg, \
-            postgres.running_mlflow_server(postgres.backend_uri(pg), {**os.environ, **pg["env"]}) as server:
-        out["server"] = "mlflow server --workers 1, backend postgresql+psycopg2 on 127.0.0.1, artifacts in a local folder"
-        start = time.perf_counter()
-        ids = fill(server["url"], parent, children)
-        out["fill_s"] = round(time.perf_counter() - start, 1)
-        out["fill_ms_per_run"] = round(1000 * out["fill_s"] / (len(children) + 1), 1)
-        out.update(search_figures(server["url"], ids, repeats))
-        out.update(page_figures(browser, server["url"], ids, [c["name"] for c in children], budget_ms))
-        if browse:
-            out.update(browse_figures(browser, server["url"], ids))
+           "chromium": version(browser), "tracking_uri": url, "server": server or "not described (--server)",
+           "server_mlflow": server_version(url),
+           "experiment": f"{parent['name']}-mlflow_ui-{time.strftime('%Y%m%d-%H%M%S')}-{random.getrandbits(16):04x}"}
+    start = time.perf_counter()
+    ids = fill(url, parent, children, out["experiment"])
+    out["fill_s"] = round(time.perf_counter() - start, 1)
+    out["fill_ms_per_run"] = round(1000 * out["fill_s"] / (len(children) + 1), 1)
+    out.update(search_figures(url, ids, repeats))
+    out.update(page_figures(browser, url, ids, [c["name"] for c in children], budget_ms))
+    if browse:
+        out.update(browse_figures(browser, url, ids))
     out["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     return out
 
@@ -393,7 +415,9 @@ def print_summary(r: dict) -> None:
 
     print(f"mlflow_ui: {g('children')} child runs + 1 ({g('source')}; a child's params / tags / metric keys / values: "
           f"{g('params_per_child', 'tags_per_child', 'metric_keys_per_child', 'metric_values_per_child')}); MLflow "
-          f"{g('mlflow')}, {g('postgres')}, {g('chromium')}; load {g('load_avg_1m_before', 'load_avg_1m_after')}")
+          f"{g('mlflow')} (server {g('server_mlflow')}), {g('chromium')}; load "
+          f"{g('load_avg_1m_before', 'load_avg_1m_after')}")
+    print(f"  server {g('tracking_uri')}: {g('server')}; experiment {g('experiment')}")
     print(f"  fill {g('fill_s')} s; search_runs of {g('search_runs_runs')} runs {g('search_runs_s')} s (pages of 100: "
           f"{g('search_runs_page100_s')} s, the first {g('search_runs_first_page100_s')} s); children "
           f"{g('children_search_s')} s")
@@ -409,7 +433,12 @@ def print_summary(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tracking-uri", required=True, metavar="URL",
+                   help="the `mlflow server` to measure, http://HOST:PORT (a new experiment is left there)")
+    p.add_argument("--server", default="", metavar="TEXT",
+                   help="what that server is, for the JSON and the summary: its backend store, workers, versions")
     p.add_argument("--runs", type=int, help="child runs (synthetic: default 1000; --from-sqlite: the first N)")
     p.add_argument("--from-sqlite", metavar="DB", help="copy a real study from this SQLite MLflow store")
     p.add_argument("--experiment", metavar="NAME", help="with --from-sqlite: the study's experiment")
@@ -420,13 +449,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.from_sqlite and not args.experiment:
         p.error("--from-sqlite needs --experiment")
+    url = args.tracking_uri.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        p.error(f"--tracking-uri: {url!r} is not an `mlflow server` (http://HOST:PORT)")
+    if server_version(url) is None:
+        p.error(f"--tracking-uri: no MLflow server answers at {url}/health")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no "View run at" per run
-    try:
-        r = run_benchmark(args.runs, args.from_sqlite, args.experiment, args.repeats, args.virtual_time_budget,
-                          not args.no_browse)
-    except postgres.PostgresUnavailable as e:
-        print(f"mlflow_ui: PostgreSQL cannot be started here: {e}", file=sys.stderr)
-        return UNAVAILABLE
+    r = run_benchmark(url, args.runs, args.from_sqlite, args.experiment, args.repeats, args.virtual_time_budget,
+                      not args.no_browse, args.server)
     print_summary(r)
     if args.json:
         data = json.loads(Path(args.json).read_text()) if Path(args.json).exists() else {}

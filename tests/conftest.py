@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 
-from benchmarks.postgres import free_port
+# The repository root, for `tests.support` (and benchmarks/, not an installed package): `python -m
+# pytest` puts the working directory on sys.path, `pytest` alone does not.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))
+from tests.support.postgres import free_port  # noqa: E402 (after the sys.path line above)
 
 BIN = Path(sys.executable).parent
 # One ninja for every DeepSpeed op build: the tests' subprocesses put the venv's bin first on PATH,

@@ -30,8 +30,8 @@ LONG_MODULES = {
                            "and the driver's MLflow/snapshot counters): read together when a figure is questioned",
     "gpu/check.py": "the GPU check's steps, each run in a process of its own against one deadline, and its "
                     "summary: one call of a GPU machine, read together",
-    "benchmarks/mlflow_ui.py": "a 1,000-run record in a PostgreSQL-backed server, its API timings and the runs "
-                               "page dumped and clicked through: one measurement, read together",
+    "benchmarks/mlflow_ui.py": "a 1,000-run record in the tracking server it is given, its API timings and the "
+                               "runs page dumped and clicked through: one measurement, read together",
 }
 RAY_COMPAT = "study/ray_compat.py"
 
@@ -108,6 +108,20 @@ def test_no_module_imports_itself_back():
     # edges of the graph too; a submodule importing its package back would close a cycle and be found
     cycle = find_cycle(graph())
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_no_package_imports_the_tests():
+    """tests/ (its support code included: tests/support/, the servers the tests start) sits above every
+    layer: a benchmark measures what it is given, and the tests start it (benchmarks/mlflow_ui.py's
+    `--tracking-uri`, tests/test_mlflow_ui_benchmark.py)."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            found += [f"{name}: imports {n}" for n in names
+                      if n.split(".")[0] in ("tests", "conftest", "support") or n.split(".")[0].startswith("test_")]
+    assert not found, "\n".join(found)
 
 
 def test_imports_point_down_the_layers():

@@ -21,10 +21,7 @@ import pandas as pd
 import pytest
 from conftest import bucket_keys, debian_package
 
-pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # benchmarks/ is not an installed package (`pytest` alone omits the cwd)
-from benchmarks.postgres import (  # noqa: E402 (after the sys.path line above)
+from tests.support.postgres import (
     PostgresUnavailable,
     ServerFailed,
     backend_uri,
@@ -34,6 +31,8 @@ from benchmarks.postgres import (  # noqa: E402 (after the sys.path line above)
     running_postgres,
 )
 
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # as tests/test_study.py runs a study: this venv first on PATH, and a Ray token of the test's own
 # (Ray 2.60 would otherwise write one to ~/.ray/auth_token)
@@ -48,11 +47,11 @@ def run(args, timeout=600, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
-# --- PostgreSQL and the MLflow server (benchmarks/postgres.py) ----------------------------------------
+# --- PostgreSQL and the MLflow server (tests/support/postgres.py) -------------------------------------
 @pytest.fixture(scope="module")
 def postgres():
     """{"host", "port", "user", "password", "dbname", "env" (PGPASSWORD)}: a PostgreSQL server on
-    127.0.0.1 (benchmarks/postgres.py `running_postgres`); skips, saying why, where it cannot start."""
+    127.0.0.1 (tests/support/postgres.py `running_postgres`); skips, saying why, where it cannot start."""
     debian_package("postgresql", postgres_bindir)
     try:
         with running_postgres() as pg:

@@ -3,13 +3,16 @@ PostgreSQL-backed `mlflow server`, read back with search_runs and on the runs pa
 Chromium. The page lists the study's run with its children nested under it, collapsed; sorted by a
 metric, or with the study's run expanded, it shows the children by name.
 
-Debian's postgresql and chromium are installed with apt-get where missing (tests/conftest.py
+The benchmark measures the server it is given (`--tracking-uri`): PostgreSQL and the server are
+started here (tests/support/postgres.py), as docs/cluster.md's command line starts them. Debian's
+postgresql and chromium are installed with apt-get where missing (tests/conftest.py
 `debian_package`); skips, saying why, only where they cannot be installed or PostgreSQL started.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,25 +21,52 @@ import pytest
 from conftest import debian_package
 from test_report import chromium
 
-from benchmarks.postgres import postgres_bindir
+from tests.support.postgres import (
+    PostgresUnavailable,
+    ServerFailed,
+    backend_uri,
+    free_port,
+    postgres_bindir,
+    running_mlflow_server,
+    running_postgres,
+)
 
-pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-UNAVAILABLE = 3  # benchmarks/mlflow_ui.py's exit status where PostgreSQL cannot be started
 N = 30
 
 
-def test_the_runs_page_of_a_study_in_postgresql_shows_its_child_runs(tmp_path):
+@pytest.fixture
+def pg_server():
+    """(the `mlflow server` {"url", "log", "pid"}, a line saying what it is): one worker, its backend
+    store a PostgreSQL on 127.0.0.1, artifacts in a local folder; skips where PostgreSQL cannot start."""
+    bindir = debian_package("postgresql", postgres_bindir)
+    postgres = subprocess.run([os.path.join(bindir, "postgres"), "--version"], capture_output=True, text=True,
+                              timeout=60, check=False).stdout.strip()
+    try:
+        with running_postgres() as pg, \
+                running_mlflow_server(backend_uri(pg), {**os.environ, **pg["env"]}) as server:
+            yield server, (f"mlflow server --workers 1, backend postgresql+psycopg2 ({postgres}) on 127.0.0.1, "
+                           "artifacts in a local folder")
+    except PostgresUnavailable as e:
+        pytest.skip(str(e))
+    except ServerFailed as e:
+        pytest.fail(str(e))
+
+
+@pytest.mark.slow
+def test_the_runs_page_of_a_study_in_postgresql_shows_its_child_runs(tmp_path, pg_server):
     chromium()
-    debian_package("postgresql", postgres_bindir)
+    server, described = pg_server
     out = tmp_path / "ui.json"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.mlflow_ui", "--runs", str(N), "--repeats", "1", "--json", str(out)],
+    run = subprocess.run([sys.executable, "-m", "benchmarks.mlflow_ui", "--tracking-uri", server["url"],
+                          "--server", described, "--runs", str(N), "--repeats", "1", "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-    if run.returncode == UNAVAILABLE:
-        pytest.skip(run.stderr.strip().splitlines()[-1])
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     r = json.loads(out.read_text())["mlflow_ui"]
     assert (r["children"], r["runs"], r["source"]) == (N, N + 1, "synthetic")
+    # the server it was given, described as the caller described it; an experiment of its own there
+    assert (r["tracking_uri"], r["server"]) == (server["url"], described)
+    assert r["server_mlflow"] == r["mlflow"] and r["experiment"].startswith("scale-mlflow_ui-"), r
     # the shape of a run of the default study: the tracker's params, tags and metrics
     assert r["params_per_child"] >= 20 and r["tags_per_child"] >= 13 and r["metric_keys_per_child"] >= 60
 
@@ -62,3 +92,17 @@ def test_the_runs_page_of_a_study_in_postgresql_shows_its_child_runs(tmp_path):
         assert 0 < r[key] < 120, (key, r[key])
     assert r["browse_open_s"] <= r["browse_to_every_run_s"]
     assert "matching runs" in run.stdout and "search_runs" in run.stdout
+
+
+@pytest.mark.parametrize("uri, says", [
+    ("http://127.0.0.1:{port}", "--tracking-uri: no MLflow server answers at http://127.0.0.1:"),
+    ("postgresql+psycopg2://mlflow@127.0.0.1:{port}/mlflow", "is not an `mlflow server`"),
+])
+def test_the_benchmark_refuses_a_uri_that_is_no_server(uri, says, capsys):
+    """Before it builds a record or opens a browser: exit 2, saying which URI."""
+    from benchmarks.mlflow_ui import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--tracking-uri", uri.format(port=free_port()), "--runs", "1"])
+    assert done.value.code == 2
+    assert says in capsys.readouterr().err
