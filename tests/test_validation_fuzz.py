@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.postgres import free_port
 from study import run as run_cli
 from study import train as train_cli
 from study.spec.schema import flatten  # dotted path -> value of every leaf, as the spec flattens grids
 from tasks import TASKS
 from tasks import __main__ as tasks_cli
+from tests.support.postgres import free_port
 from trial.config import load_trial_config
 
 ROOT = Path(__file__).resolve().parents[1]
