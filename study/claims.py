@@ -30,14 +30,18 @@ EXIT_BAD_INPUT = 2
 POOLED_MAY_DIFFER = ("name", "description", "seed", "replicas", "claims")
 
 
+def setup_differences(first: StudySpec, spec: StudySpec) -> list[str]:
+    """The fields where `spec` is another setup than `first`, not another seed of it."""
+    return [f for f in changed_fields(first.model_dump(mode="json"), spec)
+            if f.split(".")[0] not in POOLED_MAY_DIFFER and not f.startswith("resources.")]
+
+
 def pooled_results(specs: list[StudySpec], frames: list[pd.DataFrame], names: list[str]) -> pd.DataFrame:
     """The studies' rows with a `study` column; ValueError naming a field where two specs differ in
     more than POOLED_MAY_DIFFER (another setup is not another seed), or where two share a seed (one
     spec and seed give the same runs, so a shared seed would be counted twice)."""
-    first = specs[0].model_dump(mode="json")
     for spec, name in zip(specs[1:], names[1:]):
-        differ = [f for f in changed_fields(first, spec)
-                  if f.split(".")[0] not in POOLED_MAY_DIFFER and not f.startswith("resources.")]
+        differ = setup_differences(specs[0], spec)
         if differ:
             raise ValueError(f"{name}: not the spec of {names[0]} (it differs in {', '.join(differ[:6])}); "
                              "only studies of one spec, on other seeds, are pooled")

@@ -33,24 +33,37 @@ def committed_runs(name: str) -> pd.DataFrame | None:
     return pd.read_csv(path) if path.exists() else None
 
 
+def experiment_of(spec: StudySpec) -> str:
+    """The experiment spec a study ran: the one it differs from only in name, seeds and claims (a part
+    run with `--set seed=S --set replicas=1 --set name=...`), else its own name."""
+    from study.claims import setup_differences
+
+    for path in sorted(EXPERIMENTS.glob("*.yaml")):
+        experiment = load_spec(str(path))
+        if not setup_differences(experiment, spec):
+            return experiment.name
+    return spec.name
+
+
 def add_study(folder: str) -> Path:
-    """Copy a finished study's rows (KEEP) into docs/results/<spec>.csv, beside the studies of the
-    same spec already there (a study already there is replaced)."""
+    """Copy a finished study's rows (KEEP) into docs/results/<experiment>.csv, beside the studies of
+    the same spec already there (a study already there is replaced)."""
     from study.report import read_study
 
     spec, results, _where, _folder = read_study(folder, None, folder)
+    name = experiment_of(spec)
     study = Path(folder).resolve().parent.name + "/" + spec.name  # <storage>/<name>: which study of the spec
     rows = results.assign(study=study)[[c for c in KEEP if c in results.columns or c == "study"]]
     DATA.mkdir(parents=True, exist_ok=True)
-    path = DATA / f"{spec.name}.csv"
-    old = committed_runs(spec.name)
+    path = DATA / f"{name}.csv"
+    old = committed_runs(name)
     if old is not None:
         rows = pd.concat([old[old.study != study], rows], ignore_index=True)
     rows.to_csv(path, index=False)
     series = Path(folder) / "series.csv"
     if series.exists():  # the tracked series, where its trials tracked lengths beyond training
         kept = pd.read_csv(series).assign(study=study)
-        out = DATA / f"{spec.name}_series.csv"
+        out = DATA / f"{name}_series.csv"
         if out.exists():
             before = pd.read_csv(out)
             kept = pd.concat([before[before.study != study], kept], ignore_index=True)

@@ -192,3 +192,18 @@ def test_a_runs_own_metric_is_judged_against_a_bound_on_every_run():
     assert judge(spec, rows)[0].verdict == "fails"
     with pytest.raises(ValueError, match="judged against a bound"):
         spec_with(claims=[{**claim, "at_least": None, "baseline": {"ids": "random_shift"}}])
+
+
+def test_a_part_run_on_other_seeds_is_added_to_its_experiments_committed_runs():
+    """`python -m study.results_page --add` files a study run with `--set seed=S --set replicas=1
+    --set name=...` under the experiment spec it is a part of, so the page pools the parts."""
+    from study import results_page
+    from study.spec.schema import load_spec
+
+    path = ROOT / "search_spaces" / "experiments" / "coupling_train_range_16k.yaml"
+    data = load_spec(str(path)).model_dump(mode="json")
+    part = StudySpec.model_validate({**data, "name": "coupling_train_range_16k_s1", "seed": 1, "replicas": 1})
+    assert results_page.experiment_of(part) == "coupling_train_range_16k"
+    other = copy.deepcopy(data)
+    other["base"]["optim"]["steps"] = 8000
+    assert results_page.experiment_of(StudySpec.model_validate({**other, "name": "mine"})) == "mine"
