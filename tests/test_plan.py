@@ -73,7 +73,7 @@ def test_set_changes_any_spec_field_before_validation():
     assert spec.grid["task.params.train_k"] == [2, 3] and spec.search.params["optim.lr"].loguniform == (0.001, 0.01)
     assert spec.base["optim"]["batch_size"] == 64  # the rest of the group is kept
     with pytest.raises(ValueError, match=r"claims\.0\.cell: .* picks no cell; .*--set claims=\[\]"):
-        load_spec(str(ROOT / "search_spaces" / "default.yaml"), overrides=["grid.task.params.train_k=[2, 3]"])
+        load_spec(str(ROOT / "search_spaces" / "default.yaml"), overrides=["grid.task.params.train_k=[3, 4]"])
 
 
 @pytest.mark.parametrize("item, named", [
