@@ -3,6 +3,12 @@
 The sum is written least significant digit first so each output digit depends only on the
 operand digits of the same significance (plus a carry); giving a_j, b_j and c_j the same
 coupled id j+1 exposes exactly that alignment, independent of n.
+
+`index_hints: true` writes a hint symbol before every digit, the same for the digits of one place in
+both operands and the sum, consecutive symbols for consecutive places (Zhou et al. 2023; 2024):
+with `operand_order: lsb_first`, Zhou et al. 2024's reversed format with index hints,
+`a6b7c5+a1b6c3=a7b3c9d0` for 576 + 361 (the sum's carry place too). Each hint takes its digit's id;
+the run of symbols starts anywhere among `hint_symbols` (102 by default, as theirs) in each sample.
 """
 
 from __future__ import annotations
@@ -12,7 +18,15 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import BOS, Batch, Task, TaskParamError, Vocab, make_batch, require_int, with_bos
-from .operands import check_operand_order, drop_tokens, operands_lsb_first
+from .operands import (
+    check_hint_places,
+    check_index_hints,
+    check_operand_order,
+    drop_tokens,
+    hint_names,
+    operands_lsb_first,
+    with_index_hints,
+)
 
 DIGITS = [str(d) for d in range(10)]
 OPERAND_DRAWS = ("equal", "independent", "unpadded")
@@ -33,8 +47,12 @@ class AdditionTask(Task):
     default_train_length: ClassVar[int] = 5
 
     def __init__(self, *, operands: str = "equal", operand_order: str = "msb_first", leading_zeros: bool = True,
-                 **common: Any) -> None:
+                 index_hints: bool = False, hint_symbols: int | None = None, **common: Any) -> None:
+        # an index hint before every digit, shared by the digits of a place (Zhou et al. 2023; 2024):
+        # None, or how many hint symbols the vocabulary holds (tasks/operands.py, with_index_hints)
+        self.hint_symbols = check_index_hints(index_hints, hint_symbols)
         super().__init__(**common)
+        check_hint_places(self.hint_symbols, self.train_length + 1, f"train_length {self.train_length}")
         if not isinstance(leading_zeros, bool):
             raise TaskParamError("leading_zeros", f"expected true or false, got {leading_zeros!r}")
         # false: an operand of two or more digits never starts with 0, as the reference implementation
@@ -51,6 +69,14 @@ class AdditionTask(Task):
         # Test cells always have two operands of the cell's length.
         self.operands = operands
         self._digit_ids = self.vocab.ids(DIGITS)
+        self._hint_ids = self.vocab.ids(hint_names(self.hint_symbols or 0))
+
+    @property
+    def index_hints(self) -> bool:
+        return self.hint_symbols is not None
+
+    def _check_point(self, length: int, k: int | None) -> None:
+        check_hint_places(self.hint_symbols, length + 1, f"length {length}")  # the sum's n + 1 places
 
     def sample(self, batch_size: int, rng: np.random.Generator, length: int | None = None,
                k: int | None = None) -> Batch:
@@ -62,7 +88,7 @@ class AdditionTask(Task):
         return with_bos(batch, self.vocab[BOS]) if self.bos else batch
 
     def _build_vocab(self) -> Vocab:
-        return Vocab([*DIGITS, "+", "="])
+        return Vocab([*DIGITS, "+", "=", *hint_names(self.hint_symbols or 0)])
 
     def value_classes(self) -> list[list[str]]:
         return [DIGITS]
@@ -77,7 +103,7 @@ class AdditionTask(Task):
         return np.where(digit, batch.position_ids - self.fixed_prefix, 0).astype(np.int64)
 
     def max_seq_len(self, length: int, k: int | None) -> int:
-        return 3 * length + 4
+        return 3 * length + 4 + (3 * length + 1 if self.index_hints else 0)  # a hint per digit
 
     def _generate(self, lengths: np.ndarray, ks: np.ndarray | None, rng: np.random.Generator,
                   digits: np.ndarray | None = None) -> Batch:
@@ -145,4 +171,7 @@ class AdditionTask(Task):
         )
         if self.operands == "unpadded" and digits is not None:  # the padding zeros leave the prompt
             batch = drop_tokens(batch, (in_a & (sig_a >= na)) | (in_b & (sig_b >= nb)))
-        return operands_lsb_first(batch, self._digit_ids) if self.operand_order == "lsb_first" else batch
+        if self.operand_order == "lsb_first":
+            batch = operands_lsb_first(batch, self._digit_ids)
+        # last, and only then drawn from rng: without hints the stream is unchanged
+        return with_index_hints(batch, self._digit_ids, self._hint_ids, rng) if self.index_hints else batch

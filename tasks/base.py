@@ -192,6 +192,8 @@ class Task(ABC):
         train_k: int | None = None,
         min_k: int = 1,
         bos: bool = False,
+        priming_samples: int = 0,
+        priming_length: int | None = None,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -235,6 +237,7 @@ class Task(ABC):
         if not isinstance(bos, bool):
             raise TaskParamError("bos", f"expected true or false, got {bos!r}")
         self.bos = bos
+        self._check_priming_params(priming_samples, priming_length)
         self.vocab = self._build_vocab()
         if bos:
             # `<bos>` goes last, so every other token keeps its id; the bounds grow by one token
@@ -242,6 +245,21 @@ class Task(ABC):
             inner_id, inner_len = self.max_position_id, self.max_seq_len
             self.max_position_id = lambda length, k: inner_id(length, k) + 1  # type: ignore[method-assign]
             self.max_seq_len = lambda length, k: inner_len(length, k) + 1  # type: ignore[method-assign]
+
+    def _check_priming_params(self, samples: object, length: object) -> None:
+        """Train set priming (tasks/priming.py): `priming_samples` samples of `priming_length`."""
+        self.priming_samples = require_int("priming_samples", samples, 0)
+        self.priming_length: int | None = None
+        if (length is None) == (self.priming_samples > 0):  # a length without samples, or samples without one
+            raise TaskParamError("priming_length", "the primed samples' length: give it with priming_samples > 0, "
+                                                   "and only then")
+        if self.priming_samples:
+            self.priming_length = require_int("priming_length", length, 1)
+            if self.priming_length <= self.train_length:
+                raise TaskParamError("priming_length", f"{self.priming_length} is not longer than train_length "
+                                                       f"{self.train_length}")
+            if self.evaluation == "loss":  # lm: a window longer than training comes from the validation split
+                raise TaskParamError("priming_samples", f"task {self.name!r} would prime with held-out text")
 
     @property
     def fixed_prefix(self) -> int:
@@ -338,6 +356,11 @@ class Task(ABC):
         draws of training data would not be held out.
         """
         return self.sample(batch_size, rng)
+
+    @property
+    def longest_train_length(self) -> int:
+        """The length of the longest samples training sees (the primed ones', where there are any)."""
+        return self.priming_length or self.train_length
 
     def digit_places(self, batch: Batch) -> np.ndarray | None:
         """Which token is which digit, for Abacus embeddings (models/encodings/abacus.py): int64

@@ -10,6 +10,8 @@ Digits of equal significance share one id (significance j -> j + 1; `*`, `=`: 0;
 The coupling is local in a and in the product, not in b, whose digits keep ids 1 .. M and are found
 by content. The layout, the carry that fixes which digits each product digit depends on
 (meta["deps"]) and the locality argument: docs/tasks.md, "Multiplication".
+
+`index_hints: true`: a hint before every digit, one symbol a place, as addition writes them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import Batch, Task, Vocab, make_batch
-from .operands import check_operand_order, operands_lsb_first
+from .operands import (
+    check_hint_places,
+    check_index_hints,
+    check_operand_order,
+    hint_names,
+    operands_lsb_first,
+    with_index_hints,
+)
 
 DIGITS = [str(d) for d in range(10)]
 
@@ -62,16 +71,28 @@ class MultiplicationTask(Task):
     default_train_length: ClassVar[int] = 5
     default_train_k: ClassVar[int | None] = 2
 
-    def __init__(self, *, min_k: Any = None, operand_order: str = "msb_first", **common: Any) -> None:
+    def __init__(self, *, min_k: Any = None, operand_order: str = "msb_first", index_hints: bool = False,
+                 hint_symbols: int | None = None, **common: Any) -> None:
         # M is fixed unless asked otherwise: the reference trains N x 2 only, never N x 1
         if min_k is None:
             min_k = common.get("train_k") if common.get("train_k") is not None else self.default_train_k
+        # index hints as addition writes them (tasks/operands.py, with_index_hints): the product's places
+        self.hint_symbols = check_index_hints(index_hints, hint_symbols)
         super().__init__(min_k=min_k, **common)
+        check_hint_places(self.hint_symbols, self.train_length + self.train_k, f"train_length {self.train_length}")
         self._digit_ids = self.vocab.ids(DIGITS)
+        self._hint_ids = self.vocab.ids(hint_names(self.hint_symbols or 0))
         self.operand_order = check_operand_order(operand_order)  # lsb_first: as Abacus writes numbers
 
     def _build_vocab(self) -> Vocab:
-        return Vocab([*DIGITS, "*", "="])
+        return Vocab([*DIGITS, "*", "=", *hint_names(self.hint_symbols or 0)])
+
+    @property
+    def index_hints(self) -> bool:
+        return self.hint_symbols is not None
+
+    def _check_point(self, length: int, k: int | None) -> None:
+        check_hint_places(self.hint_symbols, length + self._m(length, k), f"length {length}")  # N + M places
 
     def value_classes(self) -> list[list[str]]:
         return [DIGITS]
@@ -83,7 +104,8 @@ class MultiplicationTask(Task):
         return length + self._m(length, k) + 1
 
     def max_seq_len(self, length: int, k: int | None) -> int:
-        return 2 * (length + self._m(length, k)) + 3
+        digits = 2 * (length + self._m(length, k))
+        return digits + 3 + (digits if self.index_hints else 0)  # a hint per digit
 
     def digit_places(self, batch: Batch) -> np.ndarray:
         """a_j, b_j and c_j are the (j+1)-th least significant digits of their numbers (b and the
@@ -138,4 +160,7 @@ class MultiplicationTask(Task):
                          "deps": product_deps(ns, ms)})
         batch = make_batch(tokens, position_ids, lengths + ks + 2, 2 * (lengths + ks) + 3, in_c, answers, meta,
                            pad_id=self.vocab.pad_id)
-        return operands_lsb_first(batch, self._digit_ids) if self.operand_order == "lsb_first" else batch
+        if self.operand_order == "lsb_first":
+            batch = operands_lsb_first(batch, self._digit_ids)
+        # last, and only then drawn from rng: without hints the stream is unchanged
+        return with_index_hints(batch, self._digit_ids, self._hint_ids, rng) if self.index_hints else batch

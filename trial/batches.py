@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from tasks import Batch
+from tasks.priming import check_priming, training_set
 from trial.evaluate import Tensors, with_places
 
 
@@ -29,7 +30,8 @@ def select_rows(batch: Batch, rows: np.ndarray) -> Batch:
 class StepBatches(Dataset):
     """Item i is the training batch of step `first + i`: its arrays, the ids the model trains with,
     and how many tokens it holds. With `train_set_size`, the samples come from a fixed set drawn
-    once from the data seed (the same on every rank and in every worker), the ids still per step."""
+    once from the data seed (the same on every rank and in every worker; tasks/priming.py, with the
+    task's primed samples), the ids still per step."""
 
     def __init__(self, task, scheme, micro_batch: int, data_seed: int, rank: int, first: int, last: int,
                  train_set_size: int | None = None):
@@ -42,9 +44,12 @@ class StepBatches(Dataset):
 
     def _draw(self, rng: np.random.Generator) -> Batch:
         if self.train_set_size is None:
+            check_priming(self.task, None)  # priming needs a fixed set (the trial config refuses it first)
             return self.task.sample(self.micro_batch, rng)
         if self._train_set is None:  # made where it is used: in a worker, not pickled to it
-            self._train_set = self.task.sample(self.train_set_size, np.random.default_rng([self.data_seed, 104711]))
+            # the task's primed samples (priming_samples) are part of the set
+            self._train_set = training_set(self.task, self.train_set_size,
+                                          np.random.default_rng([self.data_seed, 104711]))
         return select_rows(self._train_set, rng.integers(0, self.train_set_size, size=self.micro_batch))
 
     def __getitem__(self, i: int) -> dict:

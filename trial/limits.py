@@ -111,6 +111,12 @@ def activation_bytes(arch, batch: int, seq: int, layers: int, backward: bool) ->
     return per_layer * (layers if backward else 1)
 
 
+def blocks_run(arch, seq: int) -> int:
+    """Blocks a forward over sequences of up to `seq` tokens runs: n_layers, times the passes of a
+    looped model (for `loops: per_length`, those of a prompt as long as the whole sequence: a bound)."""
+    return arch.n_layers * arch.passes(seq)
+
+
 def logits_bytes(arch, batch: int, seq: int, copies: int) -> int:
     width = arch.vocab_size + (arch.n_position_classes if arch.position_head else 0)
     return copies * batch * seq * width * FLOAT
@@ -125,14 +131,15 @@ def pieces(cfg, workers: int = 1) -> list[Piece]:
     split = {0: (16, 0), 1: (8, 8), 2: (4, 12), 3: (0, 16)}[zero]  # (bytes a parameter whole, split)
     state = params * (split[0] + split[1] / workers) + (params * FLOAT if e.select else 0)
     train_k = task.train_k if task.uses_k else None
-    train_seq = task.max_seq_len(task.train_length, train_k)
+    train_seq = task.max_seq_len(task.longest_train_length, train_k)  # primed samples included
     micro = max(1, cfg.optim.batch_size // workers)
     parts = [
         Piece("model", f"{params:,} parameters' weights, gradients and AdamW state (ZeRO-{zero})", int(state),
               True),
         Piece("optim.batch_size", f"a training step: {micro} sequences of {train_seq} tokens, every layer's "
-              "activations kept for the backward pass",
-              activation_bytes(arch, micro, train_seq, arch.n_layers, True) + logits_bytes(arch, micro, train_seq, 3)),
+              "activations kept for the backward pass" + (" (every pass's: model.loops)" if arch.looped else ""),
+              activation_bytes(arch, micro, train_seq, blocks_run(arch, train_seq), True)
+              + logits_bytes(arch, micro, train_seq, 3)),
     ]
     longest = [(train_seq, "validation at the train length")]
     longest += [(task.max_seq_len(n, k), f"eval.lengths {n}") for n, k in cfg.eval_points()]
@@ -140,7 +147,7 @@ def pieces(cfg, workers: int = 1) -> list[Piece]:
     longest += [(task.max_seq_len(n, train_k), f"eval.select.lengths {n}")
                 for n in (e.select.lengths if e.select else [])]
     seq, where = max(longest)
-    kv = 2 * arch.n_layers * e.batch_size * seq * arch.n_heads * arch.d_head * FLOAT
+    kv = 2 * blocks_run(arch, seq) * e.batch_size * seq * arch.n_heads * arch.d_head * FLOAT
     batch = kv + activation_bytes(arch, e.batch_size, seq, 1, False) + logits_bytes(arch, e.batch_size, seq, 2)
     parts.append(Piece("eval.batch_size", f"an evaluation batch: {e.batch_size} sequences of {seq} tokens "
                        f"({where}) with generation's KV cache", batch))
@@ -226,7 +233,9 @@ class _NoInitOnMeta(TorchFunctionMode):
 def parameters_of_layers(one_layer: ModelConfig) -> tuple[int, int]:
     """(parameters of the 1-layer model, parameters of each further layer), from models of 1 and 2
     layers built on the meta device (no memory, but a build per config a spec validates: hence the cache)."""
+    # a looped model's passes reuse its blocks: its parameters are those of the model run once
+    unlooped = dataclasses.replace(one_layer, loops=1, loop_factor=1.0, loop_offset=0)
     with torch.device("meta"), _NoInitOnMeta():
-        one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(one_layer, n_layers=n)).parameters())
+        one, two = (sum(p.numel() for p in DecoderLM(dataclasses.replace(unlooped, n_layers=n)).parameters())
                     for n in (1, 2))
     return one, two - one
