@@ -73,7 +73,7 @@ class PerPositionSpec(Analysis):
         task = cfg.task_instance
         if task.evaluation == "loss":
             raise ValueError(f"per_position: for tasks scored by their answers, not {task.name!r}'s loss on text")
-        if cfg.model.output == "encoder":
+        if cfg.model.output != "autoregressive":
             raise ValueError("per_position: measures a decoder's next-token predictions (model.output: autoregressive)")
 
     def memory(self, cfg, arch) -> list[Piece]:

@@ -6,12 +6,12 @@ score bias, and compares no names. *Which* id each token gets is decided outside
 (models/positions.py), so every scheme is encoding x ids; `abacus` adds a learned embedding of each
 digit's place in its number on top of any encoding. Predictive Position Coupling (PPC) adds a
 position head that predicts the id of the next token (absolute, delta, pointer, pointer_softmax).
-The reference implementation's T5-style choices are fields here, off by default; `output: encoder`
-makes it the Chomsky suite's encoder (bidirectional attention, every output read at once at a
-placeholder, the trial's loss and evaluation: trial/evaluate.py). ModelConfig is the
-one declaration of the model's fields and defaults: the trial config's `model` and `positional`
-groups fill it by name (trial/config.py). The encodings and abacus: README, "Positional scheme =
-encoding x ids"; the position head and the reference's options: docs/trial.md.
+The reference's T5-style choices are fields here, off by default; `output: encoder` makes it the
+Chomsky suite's encoder (bidirectional, every output read at once at a placeholder: trial/evaluate.py),
+`full_answer` the same read-out under causal attention; `loops` runs the blocks N times, the input
+added back before each pass (Fan et al. 2024's looped transformer). ModelConfig declares the model's
+fields and defaults once: the trial config's `model` and `positional` fill it by name
+(trial/config.py). Encodings: README; the position head, the reference's options, loops: docs/trial.md.
 """
 
 from __future__ import annotations
@@ -32,6 +32,34 @@ from models.encodings.rope import apply_rope, rope_cos_sin  # noqa: F401
 from models.positions import Encoding, GenerationIds
 
 PositionTarget = Literal["absolute", "delta", "pointer", "pointer_softmax"]
+Output = Literal["autoregressive", "encoder", "full_answer"]
+PER_LENGTH = "per_length"  # model.loops: the passes grow with each row's prompt (loop_passes)
+MAX_BLOCKS = 1024  # blocks one forward may run: n_layers x fixed loops (the schema's n_layers bound)
+
+
+def check_loops(loops, n_layers: int, factor, offset) -> None:
+    """ValueError naming the field (loops, loop_factor, loop_offset) of a looped model's bad option."""
+    if loops != PER_LENGTH and (isinstance(loops, bool) or not isinstance(loops, int) or loops < 1):
+        raise ValueError(f"loops: {loops!r} is neither a number of passes >= 1 nor {PER_LENGTH!r}")
+    if loops != PER_LENGTH and loops * n_layers > MAX_BLOCKS:
+        raise ValueError(f"loops: {loops} passes x n_layers {n_layers} = {loops * n_layers} blocks a forward "
+                         f"runs, beyond {MAX_BLOCKS}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"loop_factor: {factor!r} is not a number > 0")
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise ValueError(f"loop_offset: {offset!r} is not an integer")
+    for name, value, default in (("loop_factor", factor, 1.0), ("loop_offset", offset, 0)):
+        if loops != PER_LENGTH and value != default:
+            raise ValueError(f"{name}: shapes the passes of loops: {PER_LENGTH}, not of loops: {loops}")
+
+
+def loop_passes(prompt_len: int, factor: float, offset: int) -> int:
+    """Passes of a `loops: per_length` model over a row whose prompt (the tokens before its first
+    target: the input and its separator, a `<bos>` included) holds prompt_len tokens: ceil(factor x
+    prompt_len) + offset, at least 1. Fan et al. 2024 run T(n) passes on a problem of size n (their
+    code: n for parity, copy and addition, n the digits of an operand); parity's and copy's prompts
+    here are n + 1 tokens (factor 1, offset -1 gives n), addition's 2n + 2 (factor 0.5: n + 1)."""
+    return max(1, math.ceil(factor * prompt_len) + offset)
 
 
 @dataclass(frozen=True)
@@ -70,8 +98,28 @@ class ModelConfig:
     abacus_norm: bool = False  # LayerNorm on the input embedding sum (the Abacus reference's model)
     abacus_init_std: float | None = None  # the place table's initial std (default: the model's 0.02)
     # autoregressive: causal attention, each token predicts the next; encoder: bidirectional
-    # attention, every output read at once at a placeholder token (the Chomsky suite's transformer)
-    output: Literal["autoregressive", "encoder"] = "autoregressive"
+    # attention, every output read at once at a placeholder token (the Chomsky suite's transformer);
+    # full_answer: the same read-out under causal attention (Fan et al. 2024's full-answer prediction)
+    output: Output = "autoregressive"
+    # looped transformer: the n_layers blocks run as one unit this many times (1: the plain model),
+    # the input embedding added to the state before each pass, the final norm after each; or
+    # "per_length": each row runs loop_passes(its prompt length, loop_factor, loop_offset) passes
+    loops: int | Literal["per_length"] = 1
+    loop_factor: float = 1.0
+    loop_offset: int = 0
+
+    def __post_init__(self) -> None:
+        check_loops(self.loops, self.n_layers, self.loop_factor, self.loop_offset)
+
+    @property
+    def looped(self) -> bool:
+        return self.loops != 1
+
+    def passes(self, prompt_len: int) -> int:
+        """Passes over a row whose prompt holds prompt_len tokens (fixed loops: that number)."""
+        if self.loops == PER_LENGTH:
+            return loop_passes(prompt_len, self.loop_factor, self.loop_offset)
+        return self.loops
 
     @property
     def d_head(self) -> int:
@@ -337,6 +385,7 @@ class DecoderLM(nn.Module):
         cache: KVCache | None = None,
         digit_places: torch.Tensor | None = None,
         use_cache: bool = False,
+        prompt_len: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, KVCache | None]:
         """Logits [B, T, V], position logits (PPC only) and, with `use_cache` or a `cache` given, the
         updated KV cache (else None: a compiled training forward must not return views of its
@@ -350,6 +399,14 @@ class DecoderLM(nn.Module):
         and an encoder (`output: encoder`) hide padding.
 
         digit_places: int [B, T] (abacus only), each token's place in its number (0: not a digit).
+
+        prompt_len: int [B] (`loops: per_length` only), each row's prompt length, from which its
+        passes are counted (ModelConfig.passes); the same on every call of one generation. A row
+        that needs fewer passes than the batch's most keeps its state from its last one.
+
+        A looped model (`loops`) keeps one cache entry per pass and layer (pass-major): every pass
+        of a causal model is itself causal, so a cached key of pass p is what a full forward of pass
+        p computes there, and decoding with the cache equals decoding without it.
         """
         B, T = tokens.shape
         enc = self.pos_emb
@@ -367,25 +424,34 @@ class DecoderLM(nn.Module):
                 x = self.input_norm(x)
         x = self.drop(x)
         # Plain causal attention takes SDPA's fused is_causal path; anything else an additive mask.
-        encoder = self.cfg.output == "encoder"
-        causal = (not encoder and visible is None and past == 0 and not enc.adds_score_bias
+        bidirectional = self.cfg.output == "encoder"
+        causal = (not bidirectional and visible is None and past == 0 and not enc.adds_score_bias
                   and self.cfg.id_window is None)
-        mask = None if causal else self._attention_mask(B, T, past, visible, x.device, x.dtype, not encoder)
+        mask = None if causal else self._attention_mask(B, T, past, visible, x.device, x.dtype, not bidirectional)
         # what depends on the ids only is computed once here, not once per layer
         key_ids = position_ids if cache is None else torch.cat([cache[0][2], position_ids], dim=1)
         bias = self._id_bias(position_ids, key_ids, mask, x.dtype)
         rope = enc.rotary(position_ids, self.cfg.d_head, x.dtype)
         new_cache: KVCache = []
-        for i, block in enumerate(self.blocks):
-            x, layer_cache = block(x, rope, key_ids, bias, causal, None if cache is None else cache[i])
-            new_cache.append(layer_cache)
-        x = self.ln_f(x)
+        passes, row_passes = self._passes(prompt_len)
+        L = len(self.blocks)
+        state = None  # the state after the last pass, normed (a looped model's passes start from 0)
+        for p in range(passes):
+            h = x if state is None else state + x  # input injection: the embedding added back each pass
+            for i, block in enumerate(self.blocks):
+                h, layer_cache = block(h, rope, key_ids, bias, causal, None if cache is None else cache[p * L + i])
+                new_cache.append(layer_cache)
+            h = self.ln_f(h)
+            if row_passes is not None and state is not None:  # a row past its own passes keeps its state
+                h = torch.where((row_passes > p)[:, None, None], h, state)
+            state = h
+        x = state
         pos_logits = None
         if isinstance(self.pos_head, PointerHead):
             allowed = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)[None]
             if visible is not None:
                 allowed = allowed & visible
-            cached = None if cache is None else cache[len(self.blocks)][0]
+            cached = None if cache is None else cache[passes * L][0]
             pos_logits, keys = self.pos_head(x, position_ids, key_ids, cached, allowed)
             new_cache.append((keys, keys[..., :0], key_ids))
         elif self.pos_head is not None:
@@ -393,6 +459,19 @@ class DecoderLM(nn.Module):
         if self.cfg.tie_embeddings:
             x = x * self.cfg.d_model**-0.5
         return self.lm_head(x), pos_logits, new_cache if use_cache or cache is not None else None
+
+    def _passes(self, prompt_len: torch.Tensor | None) -> tuple[int, torch.Tensor | None]:
+        """(passes this forward runs, each row's own passes [B] where rows differ, else None)."""
+        cfg = self.cfg
+        if cfg.loops != PER_LENGTH:
+            return cfg.loops, None
+        if prompt_len is None:
+            raise ValueError(f"loops: {PER_LENGTH} counts each row's passes from its prompt length; call the model "
+                             "with prompt_len (trial/evaluate.py's Tensors.inputs and generate pass it)")
+        rows = (torch.ceil(prompt_len.double() * cfg.loop_factor).long() + cfg.loop_offset).clamp(min=1)
+        lo, hi = rows.aminmax()  # one read back: the loop's length is a Python number
+        lo, hi = int(lo), int(hi)
+        return hi, None if lo == hi else rows
 
     def _id_bias(self, position_ids, key_ids, mask, dtype) -> torch.Tensor | None:
         """mask + the id window's -inf (its heads) + the encoding's score bias: [B, H|1, Tq, Tk]."""
@@ -491,6 +570,7 @@ def generate(
     sorted sample's tail, PositionalScheme.inference_ids[:, P:]), `predicted` takes the position
     head's argmax at the previous step (PPC). All prompts in the batch have the same length (one
     evaluation point). digit_places [B, P + G] (abacus): the task's places of the whole sequence.
+    A `loops: per_length` model runs the passes of a P-token prompt on every step (prompt_len).
     """
     if ids in ("coupled", "randomized") and oracle_ids is None:
         raise ValueError(f"ids={ids!r} needs oracle_ids")
@@ -498,11 +578,12 @@ def generate(
         raise ValueError("ids='predicted' needs a model with a position head")
     tokens, pos = prompt, prompt_ids
     P = prompt.shape[1]
+    lens = torch.full((prompt.shape[0],), P, dtype=torch.long, device=prompt.device)
 
     def places(start: int, stop: int) -> torch.Tensor | None:  # the digit places of tokens [start, stop)
         return None if digit_places is None else digit_places[:, start:stop]
 
-    logits, pos_logits, cache = model(tokens, pos, digit_places=places(0, P), use_cache=use_cache)
+    logits, pos_logits, cache = model(tokens, pos, digit_places=places(0, P), use_cache=use_cache, prompt_len=lens)
     key_ids = prompt_ids  # the ids of every token so far (the pointer head's keys)
     out_tokens, out_ids = [], []
     for step in range(max_new_tokens):
@@ -523,10 +604,10 @@ def generate(
         if use_cache:
             at = P + step
             logits, pos_logits, cache = model(next_tok[:, None], next_id[:, None], cache=cache,
-                                              digit_places=places(at, at + 1))
+                                              digit_places=places(at, at + 1), prompt_len=lens)
             pos = next_id[:, None]
         else:
             tokens = torch.cat([tokens, next_tok[:, None]], dim=1)
             pos = torch.cat([pos, next_id[:, None]], dim=1)
-            logits, pos_logits, _ = model(tokens, pos, digit_places=places(0, tokens.shape[1]))
+            logits, pos_logits, _ = model(tokens, pos, digit_places=places(0, tokens.shape[1]), prompt_len=lens)
     return torch.stack(out_tokens, 1), torch.stack(out_ids, 1)

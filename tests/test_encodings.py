@@ -220,6 +220,66 @@ def test_randomized_ids_are_drawn_at_test_too_and_generated_tokens_take_their_ta
         generate(model, prompt, given[:, :6], 4, "randomized")
 
 
+def rotated_by_hand(x: torch.Tensor, ids: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """RoPE as complex numbers: channel pair (2i, 2i+1) times exp(j id base^(-2i/D)). x [B, H, T, D]."""
+    D = x.shape[-1]
+    z = torch.complex(x[..., 0::2].double(), x[..., 1::2].double())
+    angle = ids.double()[:, None, :, None] * base ** (-torch.arange(0, D, 2).double() / D)
+    out = z * torch.polar(torch.ones_like(angle), angle)
+    return torch.stack([out.real, out.imag], -1).flatten(-2).float()
+
+
+def encoder_by_hand(model: DecoderLM, tokens, ids, visible) -> torch.Tensor:
+    """A 1-layer encoder's logits written out from the formulas, the ids entering only as RoPE's
+    angles or ALiBi's -slope_h |id_q - id_k| (slopes 2^(-8h/H))."""
+    B, T = tokens.shape
+    block, H = model.blocks[0], model.cfg.n_heads
+    x = model.tok_emb(tokens)
+    q, k, v = block.attn.qkv(block.ln1(x)).view(B, T, 3, H, -1).permute(2, 0, 3, 1, 4)
+    if model.cfg.encoding == "rope":
+        q, k = rotated_by_hand(q, ids), rotated_by_hand(k, ids)
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if model.cfg.encoding == "alibi":
+        slopes = torch.tensor([2.0 ** (-8.0 * h / H) for h in range(1, H + 1)])
+        scores = scores - slopes[None, :, None, None] * (ids[:, None, :, None] - ids[:, None, None, :]).abs()
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    a = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, -1)
+    x = x + block.attn.proj(a)
+    x = x + block.mlp(block.ln2(x))
+    return model.lm_head(model.ln_f(x))
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_randomized_ids_drive_rope_and_alibi_in_an_encoder(encoding):
+    """Ruoss et al. (2023) randomize every encoding, in an encoder: the trial's randomized ids (a
+    sorted sample of [0, 256)) reach RoPE's rotation and ALiBi's distances as they are, gaps included,
+    never as 0..T-1. The trial's encoder inputs on reversal against the formulas at those ids."""
+    from trial.evaluate import Tensors
+
+    task = tasks.get_task("reverse", train_length=8, min_length=2)
+    batch = task.sample(4, np.random.default_rng(0), length=6)
+    scheme = PositionalScheme(encoding, "randomized", max_position=256)
+    ids = scheme.training_ids(batch.position_ids, batch.seq_len, np.random.default_rng(1), task.fixed_prefix)
+    assert (np.diff(ids, axis=1) > 1).any() and ids.max() > 2 * ids.shape[1]  # gaps: not 0..T-1 shifted
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=len(task.vocab), max_position=256, d_model=32, n_heads=4,
+                                  n_layers=1, encoding=encoding, output="encoder")).eval()
+    with torch.no_grad():  # sharper attention than at init, so that where it looks shows in the logits
+        model.blocks[0].attn.qkv.weight.mul_(10)
+        model.blocks[0].attn.proj.weight.mul_(10)
+    x = Tensors.from_batch(batch, ids, torch.device("cpu"))
+    inputs = x.inputs(encoder=True)
+    assert torch.equal(inputs["position_ids"], torch.from_numpy(ids))
+    logits = model(**inputs)[0]
+    expected = encoder_by_hand(model, inputs["tokens"], inputs["position_ids"], inputs["visible"])
+    assert torch.allclose(logits, expected, atol=1e-5)
+    # what the comparison tells apart: the same inputs at the ids' ranks 0..T-1
+    ranks = torch.arange(ids.shape[1]).expand(*ids.shape)
+    assert (encoder_by_hand(model, inputs["tokens"], ranks, inputs["visible"]) - expected).abs().max() > 1e-2
+    # and it is relative: every id shifted by one offset changes nothing
+    assert torch.allclose(model(**{**inputs, "position_ids": inputs["position_ids"] + 7})[0], logits, atol=1e-5)
+
+
 # --- abacus ---------------------------------------------------------------------------------
 
 def test_addition_says_which_token_is_which_digit():

@@ -380,7 +380,7 @@ def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():
         task={"name": "addition", "params": {"train_length": 8}},
         model={"d_model": 48, "n_layers": 3, "n_heads": 3, "d_ff": 40, "dropout": 0.1, "embed_init_std": 0.5,
                "norm": "rms", "attn_scale": "none", "head_dim": 8, "init": "t5", "norm_position": "pre_post",
-               "ffn": "gated_gelu", "tie_embeddings": True},
+               "ffn": "gated_gelu", "tie_embeddings": True, "loops": "per_length", "loop_factor": 0.5, "loop_offset": 1},
         positional={"encoding": "learned", "ids": "predicted", "max_position": 40, "position_target": "delta",
                     "id_window": 3, "id_window_heads": 2, "init_std": 1.0, "frozen": True, "abacus": True,
                     "abacus_max_offset": 20, "abacus_offset": "sample", "abacus_norm": True, "abacus_init_std": 0.1},
@@ -391,7 +391,8 @@ def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():
                 "max_position": 40, "position_target": "delta", "id_window": 3, "id_window_heads": 2,
                 "pos_init_std": 1.0, "pos_frozen": True, "head_dim": 8, "init": "t5", "norm_position": "pre_post",
                 "ffn": "gated_gelu", "tie_embeddings": True, "abacus": True, "abacus_max_offset": 20,
-                "abacus_offset": "sample", "abacus_norm": True, "abacus_init_std": 0.1}
+                "abacus_offset": "sample", "abacus_norm": True, "abacus_init_std": 0.1, "loops": "per_length",
+                "loop_factor": 0.5, "loop_offset": 1}
     assert {k: getattr(arch, k) for k in expected} == expected
     defaults = ModelConfig(vocab_size=7)
     # an encoder has no position head, so its field is set in a config of its own

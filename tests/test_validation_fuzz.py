@@ -405,6 +405,10 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("model.ffn", put("model.ffn", "swiglu")),
         ("model.tie_embeddings", put("model.tie_embeddings", "sometimes")),
         ("model.output", put("model.output", "decoder")),
+        ("model.loops", put("model.loops", "per_token")),
+        ("model.loop_factor", lambda c: c["model"].update(loops="per_length", loop_factor=0)),
+        # the per-length rule's offset on a fixed count of passes (the cross-field check)
+        ("model.loop_offset", lambda c: c["model"].update(loops=2, loop_offset=-1)),
         ("optim.min_lr_ratio", put("optim.min_lr_ratio", 1.5)),
         ("data_seed", put("data_seed", -1)),
         ("optim.lr", put("optim.lr", 0)),

@@ -17,8 +17,9 @@ from pydantic import Field, model_serializer, model_validator
 
 import tasks
 from models import DecoderLM, ModelConfig
-from models.decoder import PositionTarget
+from models.decoder import MAX_BLOCKS, PER_LENGTH, Output, PositionTarget, check_loops
 from models.positions import Encoding, IdScheme, PositionalScheme
+from tasks.priming import check_priming
 from trial import metrics
 from trial.analyses import REGISTERED, Analysis, analysis_sections
 from trial.limits import (
@@ -127,13 +128,18 @@ class ModelSpec(Strict):
     ffn: Literal["gelu", "gated_gelu"] = Field(ModelConfig.ffn, description="feed-forward: GELU MLP or T5's gated GELU")
     tie_embeddings: bool = Field(ModelConfig.tie_embeddings,
                                  description="readout tied to the token table (input scaled by d_model^-1/2)")
-    output: Literal["autoregressive", "encoder"] = Field(ModelConfig.output, description="autoregressive: causal, "
-                                                         "outputs fed back; encoder: bidirectional, read at once")
+    output: Output = Field(ModelConfig.output, description="autoregressive: causal, outputs fed back; encoder: "
+                           "bidirectional, read at once; full_answer: causal, read at once (Fan et al. 2024)")
+    loops: Annotated[int, Field(ge=1, le=MAX_BLOCKS)] | Literal["per_length"] = Field(ModelConfig.loops, description="the "
+        "n_layers blocks run this many times, the input added back before each (Fan et al. 2024); per_length: per row")
+    loop_factor: float = Field(ModelConfig.loop_factor, gt=0, le=64, description="per_length: passes per prompt token")
+    loop_offset: int = Field(ModelConfig.loop_offset, ge=-MAX_BLOCKS, le=MAX_BLOCKS, description="per_length: passes added")
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> ModelSpec:
+    def _heads_divide_and_loops_fit(self) -> ModelSpec:
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(f"n_heads: {self.n_heads} does not divide d_model {self.d_model} (or set model.head_dim)")
+        check_loops(self.loops, self.n_layers, self.loop_factor, self.loop_offset)  # models/decoder.py
         return self
 
 
@@ -310,12 +316,15 @@ class TrialConfig(Strict):
                              f"{self.model.n_heads}")
         if p.abacus and type(task).digit_places is tasks.Task.digit_places:
             raise ValueError(f"positional.abacus: task {task.name!r} does not say which token is which digit")
-        if self.model.output == "encoder":  # it answers a prompt at once, feeding nothing back
+        if self.model.output != "autoregressive":  # it answers a prompt at once, feeding nothing back
             for refused, why in ((p.scheme.has_position_head, "PPC's head (ids: predicted) has no next id to predict"),
                                  (task.evaluation == "loss", f"task {task.name!r} is scored by its loss on text"),
                                  (self.analyses, f"the analyses ({', '.join(self.analyses)}) measure decoders")):
                 if refused:
-                    raise ValueError(f"model.output: an encoder answers a prompt at once: {why}")
+                    raise ValueError(f"model.output: {self.model.output} answers a prompt at once: {why}")
+        if self.model.loops == PER_LENGTH and (task.evaluation == "loss" or self.analyses):
+            raise ValueError(f"model.loops: {PER_LENGTH} counts each row's passes from its prompt, which " + (
+                f"task {task.name!r}'s text has not" if task.evaluation == "loss" else "the analyses do not pass"))
         for refused, why in ((p.scheme.has_position_head, "PPC's position loss (ids: predicted) averages over the "
                               "tokens its head can score, which groups cannot weight; use 1"),
                              (p.abacus and p.abacus_offset == "batch", "Abacus's offset drawn once per batch "
@@ -332,10 +341,14 @@ class TrialConfig(Strict):
                              f"bound is {MAX_PARAMETERS:.0e} ({MAX_PARAMETERS * 16 // 10**9} GB of fp32 weights, "
                              "gradients and AdamW state)")
         max_pos = self.positional.max_position
-        need = self.ids_needed(task.train_length, task.train_k if task.uses_k else None)
+        try:  # train set priming (tasks/priming.py): its samples are the longest training sees
+            check_priming(task, self.task.train_set_size)
+        except tasks.TaskParamError as e:
+            raise ValueError(f"task.params.{e.param}: {e}") from None
+        need = self.ids_needed(task.longest_train_length, task.train_k if task.uses_k else None)
         if need >= max_pos:
-            raise ValueError(f"task.params.train_length: training sequences need position id {need}, "
-                             f"but positional.max_position is {max_pos}")
+            raise ValueError(f"task.params.{'priming_length' if task.priming_samples else 'train_length'}: training "
+                             f"sequences need position id {need}, but positional.max_position is {max_pos}")
         for length, k in self.eval_points():
             try:
                 task.check(length, k)

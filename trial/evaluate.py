@@ -7,8 +7,8 @@
 - `evaluate_points`: greedy generation with a KV cache on every (length, k_test) evaluation point,
   one tidy record per point and id mode; PPC is reported with its own ids and with the oracle's.
 
-An encoder (`model.output: encoder`) writes every answer token at its placeholder in one pass, which
-is its evaluation too (`Tensors.inputs` and `Tensors.targets`: what it reads and is scored on).
+An encoder (`model.output: encoder`, or causal: `full_answer`) writes every answer token at its
+placeholder in one pass, its evaluation too (`Tensors.inputs` and `Tensors.targets`).
 
 Every rank evaluates its own shard and the counts are summed, so evaluation also runs (and must run
 on every rank) under ZeRO-3, whose forward passes are collective.
@@ -49,14 +49,22 @@ class Tensors:
         """What the model reads. Autoregressive: every position but the last, each predicting the
         next. Encoder: the whole sequence, every target replaced by a placeholder (`<pad>`, otherwise
         never attended), its keys the prompt and the answer's placeholders only: a target beside the
-        answer (`<eos>`, a scratchpad) is hidden, as the Chomsky suite's inputs have none."""
+        answer (`<eos>`, a scratchpad) is hidden, as the Chomsky suite's inputs have none.
+        Both carry each row's prompt length (its first target's column), from which a `loops:
+        per_length` model counts its passes."""
         if not encoder:
             places = None if self.places is None else self.places[:, :-1]
-            return {"tokens": self.tokens[:, :-1], "position_ids": self.ids[:, :-1], "digit_places": places}
+            return {"tokens": self.tokens[:, :-1], "position_ids": self.ids[:, :-1], "digit_places": places,
+                    "prompt_len": self.prompt_len()}
         keys = (self.tokens != PAD_ID) & ~(self.loss_mask & ~self.answer_mask)
         T = self.tokens.shape[1]
         return {"tokens": self.tokens.masked_fill(self.loss_mask, PAD_ID), "position_ids": self.ids,
-                "digit_places": self.places, "visible": keys[:, None, :].expand(-1, T, -1)}
+                "digit_places": self.places, "visible": keys[:, None, :].expand(-1, T, -1),
+                "prompt_len": self.prompt_len()}
+
+    def prompt_len(self) -> torch.Tensor:
+        """Each row's prompt length [B]: the column of its first target token."""
+        return self.loss_mask.int().argmax(1)
 
     def targets(self, encoder: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, mask): what the logits of `inputs(encoder)` are scored against, and where."""
@@ -122,8 +130,8 @@ def token_loss(
 
 
 def is_encoder(module: DecoderLM) -> bool:
-    """Whether the model reads every output at once (model.output: encoder)."""
-    return module.cfg.output == "encoder"
+    """Whether the model reads every output at once (model.output: encoder or full_answer)."""
+    return module.cfg.output != "autoregressive"
 
 
 def _all_sum(values: list[float], device: torch.device) -> list[float]:
@@ -320,7 +328,7 @@ def attention_margin(module: DecoderLM, batches: list[Batch], scheme: Positional
             dist = (ids[:, :, None] - ids[:, None, :]).abs()[:, None]  # [B, 1, Tq, Tk]
             # an encoder's queries see every key but those its mask (in the bias) hides
             causal = torch.ones(T, T, dtype=torch.bool, device=device)
-            if not is_encoder(module):
+            if module.cfg.output != "encoder":
                 causal = causal.tril()
             queries = x.targets(is_encoder(module))[1][:, None, :, None]  # the tokens that predict a target
             for attn, h, rope, bias in captured:
