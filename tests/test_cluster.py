@@ -589,6 +589,10 @@ def test_local_autoscaling_rehearsal(tmp_path, s3):
     copy_checkout(work)
     spec = json.loads(json.dumps(SMOKE))
     spec["name"] = "smoke_gpu"
+    # what is rehearsed is the cluster (nodes added for the trials, and removed), not the training:
+    # one report a trial, no sparsity meter
+    spec["base"]["optim"]["steps"] = 20
+    del spec["base"]["sparsity"]
     # max_failures 2: see FAKE_NODES_SHARE_A_DISK
     spec["resources"] = {"workers_per_trial": 1, "cpus_per_worker": 1, "gpus_per_worker": 1,
                          "max_concurrent_trials": 2, "max_failures": 2}

@@ -1,16 +1,14 @@
 """What a study records and where: a quote in a path, a study
-without (or with a corrupt) study.json or driver.lock, same-name studies' artifacts, a deleted experiment, `--mlflow-uri databricks`. Real MLflow (SQLite), real Ray and
-Optuna for the end-to-end study; run.py's `main` in-process where nothing may start (a tripwire in
-place of the study, as in tests/test_validation_fuzz.py)."""
+without (or with a corrupt) study.json or driver.lock, same-name studies' artifacts, a deleted experiment, `--mlflow-uri databricks`. Real MLflow (SQLite);
+run.py's `main` in-process where nothing may start (a tripwire in place of the study, as in
+tests/test_validation_fuzz.py). The same end to end, real Ray and Optuna: tests/test_records.py."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from test_study import BIN, ENV, ROOT, mlflow_runs, run, write_spec
+from test_study import ROOT
 
 from study import run as run_cli
 
@@ -164,39 +162,8 @@ def test_a_deleted_experiment_of_the_name_is_refused_before_ray(tmp_path, capsys
     assert "deleted" in line and "restore" in line, line
 
 
-# --- end to end: a quote in the storage path, a second storage, one MLflow store ---------------------
-@pytest.mark.slow
-def test_a_study_under_a_quoted_path_and_a_same_name_study_elsewhere_run_end_to_end(tmp_path):
-    spec = write_spec(tmp_path, **{"name": "quoted", "search": "none", "grid": {"task.params.train_length": [8]},
-                                   "base/optim/steps": 20, "base/optim/warmup_steps": 0,
-                                   "base/eval/every_steps": 10, "base/sparsity": None})
-    quoted, other = tmp_path / "o'neil" / "studies", tmp_path / "b"
-    db = quoted / "mlflow.db"
-    first = run(["--space", str(spec), "--storage", str(quoted)])  # the default store, under the quote
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    again = run(["--space", str(spec), "--storage", str(quoted), "--resume"])
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    second = run(["--space", str(spec), "--storage", str(other), "--mlflow-uri", f"sqlite:///{db}"])
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-
-    client, parents, children = mlflow_runs(db, "quoted")
-    assert len(parents) == 1 and parents[0].data.tags["study.location"] == str(quoted / "quoted")
-    assert [c.info.status for c in children] == ["FINISHED"]
-    for r in [*parents, *children]:
-        assert r.info.artifact_uri.startswith(str(quoted / "mlartifacts")), r.info.artifact_uri
-    assert client.list_artifacts(parents[0].info.run_id)  # results.csv and the rest
-    elsewhere = [e for e in client.search_experiments() if e.name != "quoted" and e.name.startswith("quoted")]
-    assert len(elsewhere) == 1, [e.name for e in client.search_experiments()]
-    runs = client.search_runs([elsewhere[0].experiment_id])
-    assert len(runs) == 2 and all(r.info.artifact_uri.startswith(str(other / "mlartifacts")) for r in runs)
-    assert elsewhere[0].name in second.stdout  # it says where it records
-
-    rep = subprocess.run([str(BIN / "python"), "-m", "study.report", "quoted", "--mlflow-uri", f"sqlite:///{db}",
-                          "--out", str(tmp_path / "rep")], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=300)
-    assert rep.returncode == 0, rep.stderr[-3000:]
-    assert str(other / "quoted") in rep.stdout and "2 studies of this name" in rep.stdout, rep.stdout
-    assert json.loads((other / "quoted" / "study.json").read_text())["location"] == str(other / "quoted")
+# --- end to end: a quote in the storage path, its resume, a second storage, one MLflow store: the studies
+# of tests/test_records.py's test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_whole
 
 
 def test_resume_of_a_study_whose_experiment_was_deleted_is_refused(tmp_path, capsys, monkeypatch, no_study_starts):

@@ -16,7 +16,18 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from test_study import BIN, ENV, ROOT, RUN, mlflow_runs, run, write_spec
+from test_study import (
+    BIN,
+    ENV,
+    MLFLOW_SERVER_ENV,
+    ROOT,
+    RUN,
+    cli_in_process,
+    main_in_process,
+    mlflow_runs,
+    run,
+    write_spec,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -51,18 +62,33 @@ def diverging_spec(tmp_path: Path, name: str = "records") -> Path:
     })
 
 
-def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_whole(tmp_path):
+def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_whole(tmp_path, capsys):
+    """Three studies of one name in one MLflow store: the first and third in one storage under a quote,
+    in its default store (MLflow's filter strings take a literal's text between its quotes as it is: a
+    quote in the study's location once ended a study, and its resume, in a traceback), the second in
+    another storage."""
+    from study import report as report_cli
+
     spec = diverging_spec(tmp_path)
-    a, b = tmp_path / "a", tmp_path / "b"
-    db = tmp_path / "mlflow.db"
+    a, b = tmp_path / "o'neil" / "studies", tmp_path / "b"
+    db = a / "mlflow.db"
     uri = f"sqlite:///{db}"
-    first = run(["--space", str(spec), "--storage", str(a), "--mlflow-uri", uri])
+    first = run(["--space", str(spec), "--storage", str(a)])  # the default store, under the quote
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]  # the diverging cell
     stored = json.loads((a / "records" / "study.json").read_text())
-    _, parents, children = mlflow_runs(db, "records")
+    client, parents, children = mlflow_runs(db, "records")
     assert len(parents) == 1 and parents[0].data.tags["study.id"] == stored["id"]
     assert parents[0].data.tags["study.location"] == str(a / "records")
     assert sorted(c.info.status for c in children) == ["FAILED", "FINISHED"]
+    for r in [*parents, *children]:
+        assert r.info.artifact_uri.startswith(str(a / "mlartifacts")), r.info.artifact_uri
+    assert client.list_artifacts(parents[0].info.run_id)  # results.csv and the rest
+    # a resume under the quote finds its own study's run again (and reruns nothing)
+    again = run(["--space", str(spec), "--storage", str(a), "--resume"])
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "started " not in again.stdout
+    _, resumed, children = mlflow_runs(db, "records")
+    assert [p.info.run_id for p in resumed] == [parents[0].info.run_id] and len(children) == 2
     before = record_of(db, "records")
 
     # the same spec in another storage, one MLflow store: a second study beside the first, in an
@@ -82,17 +108,17 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     assert len(parents) == 2 and len(b_parents) == 1
     assert len({p.data.tags["study.id"] for p in [*parents, *b_parents]}) == 3
     assert len(children) == 4 and len(b_children) == 2
-    assert all(r.info.artifact_uri.startswith(str(b)) for r in [*b_parents, *b_children])
+    assert all(r.info.artifact_uri.startswith(str(b / "mlartifacts")) for r in [*b_parents, *b_children])
+    assert json.loads((b / "records" / "study.json").read_text())["location"] == str(b / "records")
     after = record_of(db, "records")
     assert {rid: after[rid] for rid in before} == before  # byte for byte, tags and artifacts too
 
     # python -m study.report by experiment name takes the newest study and says which
-    rep = subprocess.run([str(BIN / "python"), "-m", "study.report", "records", "--mlflow-uri", uri,
-                          "--out", str(tmp_path / "rep")], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=300)
-    assert rep.returncode == 0, rep.stderr[-3000:]
+    code, rep, err = cli_in_process(report_cli.main, ["records", "--mlflow-uri", uri, "--out", str(tmp_path / "rep")],
+                                    capsys)
+    assert code == 0, err[-3000:]
     newest = json.loads((a / "records" / "study.json").read_text())["location"]
-    assert newest in rep.stdout and "3 studies of this name" in rep.stdout, rep.stdout
+    assert newest == str(a / "records") and newest in rep and "3 studies of this name" in rep, rep
 
     # a report is written whole, its marker last: results.csv cut short (what a crash mid-write left
     # before) no longer matches report.json, and `python -m study.report` refuses it
@@ -100,17 +126,16 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     marker = json.loads((folder / "report.json").read_text())
     assert {"results.csv", "selected.csv", "summary.csv", "study_spec.json"} <= set(marker["files"])
     assert not [p for p in folder.iterdir() if p.name.startswith(".report-") or ".tmp-" in p.name]
-    report = [str(BIN / "python"), "-m", "study.report", str(folder), "--out", str(tmp_path / "rep2")]
-    ok = subprocess.run(report, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert ok.returncode == 0, ok.stderr[-3000:]
+    report = [str(folder), "--out", str(tmp_path / "rep2")]
+    code, _, err = cli_in_process(report_cli.main, report, capsys)
+    assert code == 0, err[-3000:]
     data = (folder / "results.csv").read_bytes()
     (folder / "results.csv").write_bytes(data[: len(data) // 2])
-    cut = subprocess.run(report, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert cut.returncode != 0 and "results.csv" in cut.stderr and "interrupted" in cut.stderr, cut.stderr[-3000:]
-    assert "Traceback" not in cut.stderr
+    code, _, err = cli_in_process(report_cli.main, report, capsys)  # an exception would fail this test
+    assert code != 0 and "results.csv" in err and "interrupted" in err, err[-3000:]
 
 
-def test_resume_holds_to_the_stored_spec_and_reruns_no_failed_trial(tmp_path):
+def test_resume_holds_to_the_stored_spec_and_reruns_no_failed_trial(tmp_path, monkeypatch, capsys):
     spec = diverging_spec(tmp_path, "held")
     storage = tmp_path / "studies"
     db = storage / "mlflow.db"
@@ -126,9 +151,11 @@ def test_resume_holds_to_the_stored_spec_and_reruns_no_failed_trial(tmp_path):
                            "base.optim.steps")):
         changed = tmp_path / "changed.yaml"
         changed.write_text(yaml.safe_dump({**raw, **change}))
-        out = run(["--space", str(changed), "--storage", str(storage), "--resume"], timeout=120)
-        assert out.returncode == 2 and field in out.stderr and "Traceback" not in out.stderr, out.stderr[-3000:]
-        assert "ray:" not in out.stdout  # refused before Ray started
+        # run.py's main in this process, a tripwire in place of Ray and the study
+        code, out, err = main_in_process(["--space", str(changed), "--storage", str(storage), "--resume"],
+                                         monkeypatch, capsys)
+        assert code == 2 and field in err, err[-3000:]
+        assert "ray:" not in out  # refused before Ray started
     assert record_of(db, "held") == before
 
     # what a resume may change: how the rest runs; and the diverged trial is not run again
@@ -179,7 +206,7 @@ def test_asha_runs_accounts_for_every_trial_and_selects_a_finished_one(tmp_path)
 TRIAL = "tune.trial_id"
 
 
-def test_one_driver_per_study_and_a_killed_drivers_lock_is_taken_over(tmp_path):
+def test_one_driver_per_study_and_a_killed_drivers_lock_is_taken_over(tmp_path, monkeypatch, capsys):
     spec = write_spec(tmp_path, **{"name": "locked", "base/optim/steps": 3000, "base/sparsity": None})
     storage = tmp_path / "studies"
     lock = storage / "locked" / "driver.lock"
@@ -190,10 +217,11 @@ def test_one_driver_per_study_and_a_killed_drivers_lock_is_taken_over(tmp_path):
         assert wait_for_metrics(storage / "mlflow.db", proc), "the first driver ended early"
         holder = json.loads(lock.read_text())
         assert holder["pid"] == proc.pid
-        second = run([*command[2:], "--resume"], timeout=120)
-        assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
-        assert f"pid {proc.pid}" in second.stderr and holder["host"] in second.stderr
-        assert "ray:" not in second.stdout  # refused before Ray started
+        # a second driver (run.py's main in this process, a tripwire in place of Ray and the study)
+        code, out, err = main_in_process([*command[2:], "--resume"], monkeypatch, capsys)
+        assert code == 2, out[-3000:] + err[-3000:]
+        assert f"pid {proc.pid}" in err and holder["host"] in err
+        assert "ray:" not in out  # refused before Ray started
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -335,7 +363,7 @@ def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
         [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{folder}/server.db", "--artifacts-destination",
          str(folder / "server-artifacts"), "--workers", "1"],
-        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        env=MLFLOW_SERVER_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300  # a loaded machine starts it in minutes, a quiet one in seconds
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -355,62 +383,65 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def test_an_mlflow_server_down_mid_study_loses_nothing(tmp_path):
-    """The tracking server stops while trials run and comes back 12 s later: the study goes on, says
-    it could not record, records everything it held once the server answers, and ends with a
-    complete record. A server that never comes back: the results are still all in the folder, and
-    the study says what MLflow lacks (exit 1)."""
+    """The tracking server stops while trials run and comes back (a restart, a few seconds): the study
+    goes on, says it could not record, records everything it held once the server answers, and ends
+    with a complete record. A server that never comes back: the results are still all in the folder,
+    and the study says what MLflow lacks (exit 1)."""
     from test_study import free_port
 
     port = free_port()
     server = start_mlflow_server(tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
     spec = write_spec(tmp_path, **{"name": "outage", "grid": {"task.params.train_length": [8]},
-                                   "base/optim/steps": 200, "base/eval/every_steps": 20, "base/sparsity": None,
+                                   "base/optim/steps": 100, "base/eval/every_steps": 20, "base/sparsity": None,
                                    "resources/max_concurrent_trials": 1})
     storage = tmp_path / "studies"
     proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage), "--mlflow-uri", uri],
                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        assert wait_for_metrics(tmp_path / "server.db", proc), "no trial reported"
-        stop(server)
-        time.sleep(12)
-        server = start_mlflow_server(tmp_path, port)
-        out, err = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        stop(server)
-    assert proc.returncode == 0, out[-3000:] + err[-3000:]
-    assert "cannot record" in err and "recording again" in out, out[-2000:] + err[-2000:]
-    results = pd.read_csv(storage / "outage" / "results.csv")
-    assert results.trial_id.nunique() == 2
-    _, parents, children = mlflow_runs(tmp_path / "server.db", "outage")
-    assert [p.info.status for p in parents] == ["FINISHED"] and len(children) == 2
-    for child in children:
-        assert child.info.status == "FINISHED" and "acc_beyond" in child.data.metrics
-        client = mlflow_runs(tmp_path / "server.db", "outage")[0]
-        steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, "val_loss"))
-        assert steps == list(range(20, 201, 20)), steps  # every report, those held during the outage too
+        try:
+            assert wait_for_metrics(tmp_path / "server.db", proc), "no trial reported"
+            stop(server)  # once the first trial reported: its later reports and the second trial's are held
+            time.sleep(2)  # and for as long as its restart takes
+            server = start_mlflow_server(tmp_path, port)
+            out, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == 0, out[-3000:] + err[-3000:]
+        assert "cannot record" in err and "recording again" in out, out[-2000:] + err[-2000:]
+        results = pd.read_csv(storage / "outage" / "results.csv")
+        assert results.trial_id.nunique() == 2
+        _, parents, children = mlflow_runs(tmp_path / "server.db", "outage")
+        assert [p.info.status for p in parents] == ["FINISHED"] and len(children) == 2
+        for child in children:
+            assert child.info.status == "FINISHED" and "acc_beyond" in child.data.metrics
+            client = mlflow_runs(tmp_path / "server.db", "outage")[0]
+            steps = sorted(m.step for m in client.get_metric_history(child.info.run_id, "val_loss"))
+            assert steps == list(range(20, 101, 20)), steps  # every report, those held during the outage too
 
-    # never back: the study's results are complete, and it says what MLflow lacks
-    server = start_mlflow_server(tmp_path, port)
-    proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(tmp_path / "second"),
-                             "--mlflow-uri", uri], cwd=ROOT, env={**ENV, "STUDY_MLFLOW_WAIT_S": "5"},
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        assert wait_for_metrics(tmp_path / "server.db", proc, more_than=count_metrics(tmp_path / "server.db"))
-        stop(server)
-        out, err = proc.communicate(timeout=900)
+        # never back (the same server, stopped once this one-trial study has reported): the study's
+        # results are complete, and it says what MLflow lacks
+        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(tmp_path / "second"), "--mlflow-uri",
+                                 uri, "--set", "search.trials_per_cell=1"], cwd=ROOT,
+                                env={**ENV, "STUDY_MLFLOW_WAIT_S": "5"}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert wait_for_metrics(tmp_path / "server.db", proc, more_than=count_metrics(tmp_path / "server.db"))
+            stop(server)
+            out, err = proc.communicate(timeout=900)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if server.poll() is None:
+            stop(server)
     assert proc.returncode == 1, out[-3000:] + err[-3000:]
     assert "not recorded" in err and "results are complete" in err and "Traceback" not in err, err[-3000:]
-    assert pd.read_csv(tmp_path / "second" / "outage" / "results.csv").trial_id.nunique() == 2
+    assert pd.read_csv(tmp_path / "second" / "outage" / "results.csv").trial_id.nunique() == 1
 
 
 def test_a_full_disk_is_a_clear_error_and_earlier_results_stay_intact(tmp_path):

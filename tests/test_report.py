@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import debian_package
-from test_study import BIN, ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
+from test_study import BIN, ENV, MLFLOW_SERVER_ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
 
 from study.experiment.search import CellSearcher
 from study.results.selection import standard_error
@@ -196,9 +196,11 @@ def rendered(browser: str, url: str) -> str:
 def test_the_mlflow_ui_shows_the_selected_runs_in_headless_chromium(replicated):
     browser = chromium()
     port = free_port()
+    # one web worker, no job runner (MLflow's default: 4 workers, a job runner and 7 huey consumers, each
+    # importing MLflow, on 2 cores; the page is the same)
     server = subprocess.Popen([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{replicated['db']}",
-                               "--host", "127.0.0.1", "--port", str(port)], env=ENV, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"], env=MLFLOW_SERVER_ENV,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120

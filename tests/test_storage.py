@@ -17,7 +17,17 @@ import time
 import pandas as pd
 import pytest
 from conftest import bucket_keys, start_s3_server
-from test_study import BIN, ENV, ROOT, RUN, kill_when_finished, mlflow_runs, run, write_spec
+from test_study import (
+    ENV,
+    ROOT,
+    RUN,
+    cli_in_process,
+    kill_when_finished,
+    main_in_process,
+    mlflow_runs,
+    run,
+    write_spec,
+)
 
 from trial import storage
 
@@ -50,7 +60,7 @@ def test_storage_helpers_on_a_bucket(s3, tmp_path):
         storage.check_writable("s3://no-such-bucket/x")
 
 
-def test_smoke_study_on_a_bucket(s3, tmp_path):
+def test_smoke_study_on_a_bucket(s3, tmp_path, monkeypatch, capsys):
     db = tmp_path / "ml.db"
     uri = "s3://studies/team"
     out = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", uri, "--mlflow-uri", f"sqlite:///{db}"],
@@ -77,39 +87,59 @@ def test_smoke_study_on_a_bucket(s3, tmp_path):
         assert f"team/mlartifacts/smoke/{c.info.run_id}/artifacts/eval/records.csv" in keys
         assert c.data.tags["checkpoint"].startswith("s3://studies/team/smoke/tune/")
 
-    # the analysis reads a trial's model from where it was stored
-    meter = subprocess.run([str(BIN / "python"), "-m", "study.sparsity", "--mlflow-run", children[0].info.run_id,
-                            "--mlflow-uri", f"sqlite:///{db}", "--targets", "6", "--k-max", "3",
-                            "--out", str(tmp_path / "meter")], cwd=ROOT, env=env_of(s3), capture_output=True,
-                           text=True, timeout=300)
-    assert meter.returncode == 0, meter.stderr[-3000:]
+    # the analysis reads a trial's model from where it was stored (this process has the bucket's
+    # endpoint and keys: the s3 fixture)
+    from study import sparsity as sparsity_cli
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_in_process(sparsity_cli.main, [
+        "--mlflow-run", children[0].info.run_id, "--mlflow-uri", f"sqlite:///{db}", "--targets", "6", "--k-max", "3",
+        "--out", str(tmp_path / "meter")], capsys)
+    assert code == 0, err[-3000:]
     assert len(pd.read_csv(tmp_path / "meter" / "targets.csv")) == 6
 
     # the same study again without --resume: refused, the record in the bucket untouched
     before = s3["client"].head_object(Bucket="studies", Key="team/smoke/results.csv")["ETag"]
-    again = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", uri, "--mlflow-uri",
-                 f"sqlite:///{db}"], env=env_of(s3), cwd=tmp_path, timeout=120)
-    assert again.returncode == 2 and "--resume" in again.stderr
+    code, _, err = main_in_process(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", uri,
+                                    "--mlflow-uri", f"sqlite:///{db}"], monkeypatch, capsys)
+    assert code == 2 and "--resume" in err, err
     assert s3["client"].head_object(Bucket="studies", Key="team/smoke/results.csv")["ETag"] == before
 
 
-def test_resume_from_a_bucket_after_the_driver_is_killed(s3, tmp_path):
-    spec = write_spec(tmp_path, **{"name": "resumable_s3", "base/optim/steps": 240, "base/eval/every_steps": 40,
-                                   "search/trials_per_cell": 3, "base/sparsity": None})
+def test_resume_after_the_driver_is_killed(s3, tmp_path):
+    """The driver and the local Ray it started SIGKILLed mid-study, two trials side by side, the study
+    in a bucket; `--resume` ends it: the study's MLflow run kept, no trial run twice, none that had
+    finished rerun, the Optuna search continued (a fresh one would repeat its suggestions) and each
+    cell's replica run after it. A study in a folder killed and resumed: P6 (tests/test_scale_benchmark.py,
+    which counts the reruns) and tests/test_records.py's driver lock taken over."""
+    spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 240, "base/eval/every_steps": 40,
+                                   "search/trials_per_cell": 3, "replicas": 2, "base/sparsity": None,
+                                   "resources/max_concurrent_trials": 2})  # killed with trials side by side
     db = tmp_path / "ml.db"
     args = ["--space", str(spec), "--storage", "s3://studies/resume", "--mlflow-uri", f"sqlite:///{db}"]
     finished_before = kill_when_finished([*RUN, *args], db, env_of(s3), tmp_path)
-    assert 2 <= len(finished_before) < 6, "the kill should land mid-study"
+    assert 2 <= len(finished_before) < 8, "the kill should land mid-study"
+    _, parents, _ = mlflow_runs(db, "resumable")
+    parent_before = parents[0].info.run_id
 
     out = run([*args, "--resume"], env=env_of(s3), cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    client, parents, children = mlflow_runs(db, "resumable_s3")
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert len(children) == 6 and all(c.info.status == "FINISHED" for c in children)  # no duplicates
+    client, parents, children = mlflow_runs(db, "resumable")
+    assert [p.info.run_id for p in parents] == [parent_before]  # the study's run is kept
+    assert parents[0].info.status == "FINISHED"
+    assert len(children) == 8 and all(c.info.status == "FINISHED" for c in children)  # no duplicates
     for run_id, end_time in finished_before.items():  # finished trials were not rerun
         assert client.get_run(run_id).info.end_time == end_time
-    results = read_csv(s3, "resume/resumable_s3/results.csv")
-    assert results.trial_id.nunique() == 6 and results.drop_duplicates("trial_id")["search.optim.lr"].nunique() == 6
+    results = read_csv(s3, "resume/resumable/results.csv")
+    trials = results.drop_duplicates("trial_id")
+    assert len(trials) == 8 and (trials.groupby("task.params.train_length").trial_id.nunique() == 4).all()
+    search, replicas = trials[trials.role == "search"], trials[trials.role == "replica"]
+    assert search["search.optim.lr"].nunique() == 6, "a restored Optuna search continues; a fresh one would repeat"
+    selected = read_csv(s3, "resume/resumable/selected.csv")
+    for row in selected.itertuples():  # each cell's replica reruns its selected lr with the next seed
+        rep = replicas[replicas.selected_from == row.trial_id]
+        assert len(rep) == 1 and rep.seed.tolist() == [1] and row.seeds == 2
+        assert rep["search.optim.lr"].iloc[0] == search[search.trial_id == row.trial_id]["search.optim.lr"].iloc[0]
 
 
 def test_a_resume_starts_from_the_last_complete_snapshot(s3, tmp_path):
@@ -144,25 +174,36 @@ def test_a_resume_starts_from_the_last_complete_snapshot(s3, tmp_path):
     assert not storage.exists(f"{tune_dir}/experiment_state-{later}.json")
 
 
-def test_unreachable_or_unauthorised_bucket_exits_2_before_any_trial(s3, tmp_path):
+def test_unreachable_or_unauthorised_bucket_exits_2_before_any_trial(s3, tmp_path, monkeypatch, capsys):
+    """Refused before Ray starts. The server that is gone is a real `python study/run.py` (the exit a
+    shell sees); the other two are run.py's main in this process, whose environment (the s3 fixture's)
+    holds the endpoint and keys, behind a tripwire in place of Ray and the study."""
     smoke = ["--space", str(ROOT / "search_spaces/smoke.yaml"), "--mlflow-uri", f"sqlite:///{tmp_path}/ml.db"]
     closed = start_s3_server()  # a server that is gone: nothing listens on its port any more
     closed[0].terminate()
     closed[0].wait()
     locked, locked_url = start_s3_server(enforce_auth=True)  # checks keys: ours are unknown to it
+    monkeypatch.chdir(tmp_path)
     try:
         cases = [
-            ("s3://no-such-bucket/x", {}, "bucket does not exist"),
-            ("s3://studies/x", {"AWS_ENDPOINT_URL": closed[1]}, "connect"),
-            ("s3://studies/x", {"AWS_ENDPOINT_URL": locked_url}, "INVALID_ACCESS_KEY_ID"),
+            ("s3://no-such-bucket/x", {}, "bucket does not exist", False),
+            ("s3://studies/x", {"AWS_ENDPOINT_URL": closed[1]}, "connect", True),
+            ("s3://studies/x", {"AWS_ENDPOINT_URL": locked_url}, "INVALID_ACCESS_KEY_ID", False),
         ]
-        for uri, env, why in cases:
+        for uri, env, why, as_process in cases:
             t0 = time.time()
-            out = run([*smoke, "--storage", uri], env={**env_of(s3), **env}, cwd=tmp_path, timeout=120)
-            assert out.returncode == 2, out.stderr[-2000:]
-            assert f"--storage: {uri}" in out.stderr and why in out.stderr, out.stderr[-2000:]
-            assert "Traceback" not in out.stderr and time.time() - t0 < 60
-            assert "ray:" not in out.stdout  # no Ray was started, no trial ran
+            if as_process:
+                out = run([*smoke, "--storage", uri], env={**env_of(s3), **env}, cwd=tmp_path, timeout=120)
+                code, stdout, stderr = out.returncode, out.stdout, out.stderr
+            else:
+                with monkeypatch.context() as patch:
+                    for k, v in env.items():
+                        patch.setenv(k, v)
+                    code, stdout, stderr = main_in_process([*smoke, "--storage", uri], patch, capsys)
+            assert code == 2, stderr[-2000:]
+            assert f"--storage: {uri}" in stderr and why in stderr, stderr[-2000:]
+            assert "Traceback" not in stderr and time.time() - t0 < 60
+            assert "ray:" not in stdout  # no Ray was started, no trial ran
     finally:
         locked.terminate()
         locked.wait()
@@ -266,9 +307,10 @@ def finished_trials(db) -> dict[str, int]:
 def test_a_bucket_unreachable_mid_study_loses_nothing(s3, tmp_path, outage):
     """The bucket stops answering once a trial has finished (what it holds is kept, as in a real outage).
     `stays_down`: every connection is cut and refused for longer than the study waits
-    (STUDY_STORAGE_WAIT_S 10 s): the study stops by itself, exit 1, naming the storage and --resume.
+    (STUDY_STORAGE_WAIT_S 5 s): the study stops by itself, exit 1, naming the storage and --resume.
     `comes_back`: the S3 server frozen (SIGSTOP: connections hang) for 10 s, then connections refused
-    for 15 s, then back: the trials and the study wait for it and the study finishes. Either way
+    for 15 s, then back: the trials and the study wait for it and the study finishes (not shorter: at 5
+    and 10 s the outage was over before the driver met it, and only the trials waited). Either way
     `--resume`, with the bucket back, ends the study (exit 0) and reruns no trial that had finished:
     one MLflow run and one row set of results.csv per trial."""
     import boto3
@@ -279,7 +321,7 @@ def test_a_bucket_unreachable_mid_study_loses_nothing(s3, tmp_path, outage):
         bucket = {"client": boto3.client("s3", endpoint_url=url), "bucket": "studies"}
         bucket["client"].create_bucket(Bucket="studies")
         env = {**env_of(s3), "AWS_ENDPOINT_URL": relay.url,
-               "STUDY_STORAGE_WAIT_S": "10" if outage == "stays_down" else "120"}
+               "STUDY_STORAGE_WAIT_S": "5" if outage == "stays_down" else "120"}
         name = f"outage_{outage}"
         spec = write_spec(tmp_path, **{"name": name, "base/optim/steps": 60, "base/eval/every_steps": 20,
                                        "base/sparsity": None})

@@ -1,7 +1,8 @@
 """The study platform end to end: real local Ray, real DeepSpeed, real Optuna, real MLflow.
 
-Each test runs `python study/run.py` as a user would (a subprocess), so Ray, its workers and
-MLflow are the real ones; nothing is mocked.
+Each study runs as `python study/run.py`, as a user would (a subprocess), so Ray, its workers and
+MLflow are the real ones; nothing is mocked. A run refused before anything starts is run.py's main
+in the test's process (main_in_process), behind a tripwire in place of Ray and the study.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONUN
        "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 for var in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
     ENV.pop(var, None)
+# for the tests' own `mlflow server`s: MLflow 3's server also starts a job runner and 7 huey consumers
+# (its server-side jobs: GenAI evaluation, trace rollups), which no study uses. Measured side by side
+# on 2 loaded cores: up in 54-82 s against 25-49 s, 31 CPU-s in its first 2 minutes against 10, and
+# 22% of a core while idle against none
+MLFLOW_SERVER_ENV = {**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 pytestmark = pytest.mark.slow
 
@@ -117,6 +123,47 @@ def run(args, timeout=600, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
+def main_in_process(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """run.py's main on `argv` in this process, for a run that is refused before anything starts: no
+    interpreter, Ray or DeepSpeed start to wait for (each `python study/run.py` imports for 4 CPU-s),
+    and a tripwire in place of Ray and the study (as test_record_identity.py's `no_study_starts`), so a
+    refusal that regressed fails at once instead of running a study in the test process. What main
+    sets in the environment for the Ray it would start (study/run.py: the local-only switch, DeepSpeed's
+    build folder) is undone. Returns the exit code, stdout and stderr. A shell's view of the same exit
+    (a real process) is what tests/test_validation_fuzz.py and each test's remaining subprocess case
+    check."""
+    from study import run as run_cli
+    from study.experiment import tuning
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("the study started: the input was not refused")
+
+    environ = dict(os.environ)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(tuning, "run_study", tripwire)
+            patch.setattr(tuning, "start_ray", tripwire)
+            patch.delenv("RAY_ADDRESS", raising=False)
+            capsys.readouterr()
+            code = run_cli.main(argv)
+            out, err = capsys.readouterr()
+    finally:
+        if dict(os.environ) != environ:
+            os.environ.clear()
+            os.environ.update(environ)
+    return code, out, err
+
+
+def cli_in_process(main, argv: list[str], capsys) -> tuple[int, str, str]:
+    """A `python -m study.<command>` (report, claims, sparsity) as its `main(argv)` in this process:
+    (exit code, stdout, stderr), what the subprocess would have given, without its interpreter's start
+    and imports (4-5 CPU-s each)."""
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def mlflow_runs(db: Path, experiment: str):
     from mlflow.tracking import MlflowClient
 
@@ -170,7 +217,7 @@ def mlflow_server(tmp_path):
         [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
          "--artifacts-destination", str(tmp_path / "server-artifacts"), "--workers", "1"],
-        env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env=MLFLOW_SERVER_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -214,7 +261,7 @@ def assert_same_results(new: pd.DataFrame, old: pd.DataFrame) -> None:
     pd.testing.assert_frame_equal(new, old, check_exact=False, rtol=1e-4, atol=1e-6)
 
 
-def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
+def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server, monkeypatch, capsys):
     storage = tmp_path / "studies"
     out = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", str(storage),
                "--mlflow-uri", mlflow_server, "--set", "resources.max_concurrent_trials=2"])  # trials side by side
@@ -269,10 +316,11 @@ def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
     assert results["sparsity/k_median"].notna().all()  # every trial, beside its extrapolation
     # the meter again on a recorded trial, found through its MLflow run: written back to that run
     child = found[0]["info"]["run_id"]
-    meter = subprocess.run([str(BIN / "python"), "-m", "study.sparsity", "--mlflow-run", child, "--mlflow-uri",
-                            mlflow_server, "--targets", "8", "--k-max", "3", "--out", str(tmp_path / "meter")],
-                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
-    assert meter.returncode == 0, meter.stderr[-3000:]
+    from study import sparsity as sparsity_cli
+
+    code, _, err = cli_in_process(sparsity_cli.main, ["--mlflow-run", child, "--mlflow-uri", mlflow_server, "--targets",
+                                                      "8", "--k-max", "3", "--out", str(tmp_path / "meter")], capsys)
+    assert code == 0, err[-3000:]
     tags = {t["key"]: t["value"] for t in rest(mlflow_server, "runs/get", query=f"?run_id={child}")["run"]["data"]["tags"]}
     assert tags["sparsity.method"] == "occlusion/resample"
     arts = rest(mlflow_server, "artifacts/list", query=f"?run_id={child}&path=sparsity")
@@ -280,9 +328,9 @@ def test_smoke_study_end_to_end_on_an_mlflow_server(tmp_path, mlflow_server):
 
     # running the same study again without --resume refuses and leaves the record alone
     before = (storage / "smoke" / "results.csv").stat().st_mtime_ns
-    again = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", str(storage),
-                 "--mlflow-uri", mlflow_server], timeout=120)
-    assert again.returncode == 2 and "--resume" in again.stderr
+    code, _, err = main_in_process(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", str(storage),
+                                    "--mlflow-uri", mlflow_server], monkeypatch, capsys)
+    assert code == 2 and "--resume" in err, err
     assert (storage / "smoke" / "results.csv").stat().st_mtime_ns == before
 
 
@@ -314,35 +362,8 @@ def kill_when_finished(command: list[str], db: Path, env: dict, cwd: Path, trial
     return finished
 
 
-def test_resume_after_the_driver_is_killed(tmp_path):
-    spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 240, "base/eval/every_steps": 40,
-                                   "search/trials_per_cell": 3, "replicas": 2,
-                                   "resources/max_concurrent_trials": 2})  # killed with trials side by side
-    storage = tmp_path / "studies"
-    db = storage / "mlflow.db"
-    finished_before = kill_when_finished([*RUN, "--space", str(spec), "--storage", str(storage)], db, ENV, ROOT)
-    assert 2 <= len(finished_before) < 8, "the kill should land mid-study"
-    client, parents, children = mlflow_runs(db, "resumable")
-    parent_before = parents[0].info.run_id
-
-    out = run(["--space", str(spec), "--storage", str(storage), "--resume"])
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    client, parents, children = mlflow_runs(db, "resumable")
-    assert [p.info.run_id for p in parents] == [parent_before]  # the study's run is kept
-    assert parents[0].info.status == "FINISHED"
-    assert len(children) == 8 and all(c.info.status == "FINISHED" for c in children)  # no duplicates
-    for run_id, end_time in finished_before.items():  # finished trials were not rerun
-        assert client.get_run(run_id).info.end_time == end_time
-    results = pd.read_csv(storage / "resumable" / "results.csv")
-    trials = results.drop_duplicates("trial_id")
-    assert len(trials) == 8 and (trials.groupby("task.params.train_length").trial_id.nunique() == 4).all()
-    search, replicas = trials[trials.role == "search"], trials[trials.role == "replica"]
-    assert search["search.optim.lr"].nunique() == 6, "a restored Optuna search continues; a fresh one would repeat"
-    selected = pd.read_csv(storage / "resumable" / "selected.csv")
-    for row in selected.itertuples():  # each cell's replica reruns its selected lr with the next seed
-        rep = replicas[replicas.selected_from == row.trial_id]
-        assert len(rep) == 1 and rep.seed.tolist() == [1] and row.seeds == 2
-        assert rep["search.optim.lr"].iloc[0] == search[search.trial_id == row.trial_id]["search.optim.lr"].iloc[0]
+# The driver killed mid-study and resumed, end to end: tests/test_storage.py's
+# test_resume_after_the_driver_is_killed, on a bucket (a folder: P6, tests/test_scale_benchmark.py).
 
 
 # --- a 2-worker ZeRO-2 trial --------------------------------------------------------------------
