@@ -178,6 +178,24 @@ def test_the_results_page_is_what_its_command_makes_from_the_committed_runs():
     assert (ROOT / "docs" / "results.md").read_text() == results_page.page()
 
 
+def test_the_readme_tops_with_the_measured_rows_of_the_results_page(tmp_path, capsys):
+    """`--readme README.md` fills the README's `results: top` block with the page's measured rows, short:
+    the README in the repository is what the command makes, and a README without the markers is refused."""
+    from study import results_page
+
+    readme = tmp_path / "README.md"
+    readme.write_text((ROOT / "README.md").read_text())
+    assert results_page.main(["--docs", str(tmp_path / "results.md"), "--readme", str(readme)]) == 0
+    assert readme.read_text() == (ROOT / "README.md").read_text()
+    top = readme.read_text().split("<!-- results: top -->")[1].split("<!-- end results: top -->")[0]
+    measured = [r for r in results_page.claim_rows() if r["verdict"] != "not run here"]
+    assert measured and len(top.strip().splitlines()) == 2 + len(measured)
+    assert all(r["claim"] in top and "not run here" not in top for r in measured)
+    readme.write_text("# no markers\n")
+    with pytest.raises(SystemExit, match="--readme: .* has no <!-- results: top -->"):
+        results_page.main(["--docs", str(tmp_path / "results.md"), "--readme", str(readme)])
+
+
 def test_the_coupling_curve_is_what_its_command_makes_from_the_committed_runs(tmp_path):
     from study import results_page
 
