@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from study.results.verdicts import FITS, judge, run_points, runs_text
+from study.results.verdicts import FITS, held_out, judge, run_points, runs_text
 from study.spec.schema import StudySpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
     points = {}
     for times in (claim.times, claim.times * 1.5):
         judged = claim.model_copy(update={"times": times})
-        points[times] = run_points(spec, cell, judged, claim.k, runs)
+        points[times] = run_points(spec, cell, judged, claim.k, held_out(claim, runs))
     at = [p for p in points[claim.times].values() if not isinstance(p, str)]
     further = [p for p in points[claim.times * 1.5].values() if not isinstance(p, str)]
     seeds = len({key for key in points[claim.times]})

@@ -109,6 +109,24 @@ def test_a_bound_holds_on_every_seed_that_fit():
     assert unfit.verdict == "inconclusive" and "runs fit 1/3" in unfit.line
 
 
+def test_a_claim_stated_after_earlier_seeds_is_judged_on_the_later_seeds_only():
+    """`from_seed`: seeds 0-1 suggested the claim (both hold it); seeds 2-3 decide it, and the page's row
+    counts only them."""
+    from study.results_page import claim_row
+
+    claim = {**SPEC["claims"][0], "from_seed": 2}
+    spec = spec_with(replicas=4, claims=[claim])
+    later_fail = results(spec, {"coupled": [1.0, 1.0, 0.0, 0.0], "random_shift": [0.0] * 4})
+    verdict = judge(spec, later_fail)[0]
+    assert verdict.verdict == "fails" and {r["seed"] for r in verdict.rows} == {2, 3}, verdict.line
+    assert "on seeds >= 2" in spec.claims[0].rule
+    row = claim_row(spec, spec.claims[0], later_fail)
+    assert row["fit"] == "2/2" and row["2x"].startswith("0.00"), row
+    only_early = later_fail[later_fail.seed < 2]
+    assert judge(spec, only_early)[0].verdict == "inconclusive"
+    assert judge(spec_with(replicas=4), later_fail)[0].verdict == "fails"  # all 4 seeds: 2 of 4 hold
+
+
 def test_pooled_studies_pair_seeds_within_each_study():
     one = spec_with(replicas=1)
     a = results(one, {"coupled": [0.5], "random_shift": [0.0]})

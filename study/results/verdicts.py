@@ -69,8 +69,17 @@ def judge(spec: StudySpec, results: pd.DataFrame) -> list[Verdict]:
     return [judge_claim(spec, claim, results) for claim in spec.claims]
 
 
+def held_out(claim: ClaimSpec, results: pd.DataFrame) -> pd.DataFrame:
+    """The runs a claim is judged on: every seed, or those from `from_seed` on (the seeds that did not
+    inform a claim stated after earlier ones were seen)."""
+    if claim.from_seed is None or results.empty or "seed" not in results:
+        return results
+    return results[results.seed >= claim.from_seed]
+
+
 def judge_claim(spec: StudySpec, claim: ClaimSpec, results: pd.DataFrame) -> Verdict:
     cell, base = spec.claim_cells(claim)
+    results = held_out(claim, results)
     if not claim.is_rate:
         return _judge_run_metric(claim, _run_values(spec, cell, claim, results))
     mine = run_points(spec, cell, claim, claim.k, results)

@@ -44,6 +44,8 @@ class ClaimSpec(Strict):
     k: int | None = Field(None, ge=1, description="the evaluation point's k_test (default: the cell's train k)")
     checkpoint: Literal["last", "best"] = Field("last", description="which checkpoint is judged (eval.select)")
     effect: float = Field(0.10, ge=0, le=1, description="the smallest difference to the baseline that counts")
+    from_seed: int | None = Field(None, ge=0, description="judged on seeds >= this only: a claim stated after "
+                                  "earlier seeds were seen is tested by the seeds that did not inform it")
 
     @model_validator(mode="after")
     def _one_rule(self) -> ClaimSpec:
@@ -75,8 +77,10 @@ class ClaimSpec(Strict):
         if self.compares:
             other = label_of(self.baseline) if self.baseline is not None else "its own cell"
             at_k = f" at k_test {self.baseline_k}" if self.baseline_k is not None else ""
-            return f"above {other}{at_k} by >= {self.effect:g}"
-        return f">= {self.at_least:g}" if self.at_least is not None else f"<= {self.at_most:g}"
+            rule = f"above {other}{at_k} by >= {self.effect:g}"
+        else:
+            rule = f">= {self.at_least:g}" if self.at_least is not None else f"<= {self.at_most:g}"
+        return rule + (f" on seeds >= {self.from_seed}" if self.from_seed is not None else "")
 
 
 def label_of(values: dict[str, Any]) -> str:
