@@ -91,13 +91,19 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
         judged = claim.model_copy(update={"times": times})
         points[times] = run_points(spec, cell, judged, claim.k, held_out(claim, runs))
     at = [p for p in points[claim.times].values() if not isinstance(p, str)]
+    baseline_fit = ""
+    if claim.compares:  # a comparison says nothing where its baseline did not fit: count those too
+        base = spec.claim_cells(claim)[1]
+        theirs = run_points(spec, base, claim, claim.baseline_k if claim.baseline_k is not None else claim.k,
+                            held_out(claim, runs))
+        baseline_fit = f" (baseline {sum(p.fit for p in theirs.values() if not isinstance(p, str))}/{len(theirs)})"
     further = [p for p in points[claim.times * 1.5].values() if not isinstance(p, str)]
     seeds = len({key for key in points[claim.times]})
     exact_at = [p.rate for p in at] if claim.metric == "exact_match" else []
     return {**row, "verdict": f"**{verdict.verdict}**",
             "2x": f"{runs_text([p.rate for p in at])} ({claim.metric}, {at[0].length if at else '-'})",
             "3x": f"{runs_text([p.rate for p in further])} ({further[0].length})" if further else "-",
-            "fit": f"{sum(p.fit for p in at)}/{seeds}",
+            "fit": f"{sum(p.fit for p in at)}/{seeds}{baseline_fit}",
             "extrapolate": f"{sum(r >= FITS for r in exact_at)}/{seeds}" if exact_at else "-",
             "setup": row["setup"] + f"; {seeds} seeds"}
 

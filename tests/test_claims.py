@@ -121,7 +121,7 @@ def test_a_claim_stated_after_earlier_seeds_is_judged_on_the_later_seeds_only():
     assert verdict.verdict == "fails" and {r["seed"] for r in verdict.rows} == {2, 3}, verdict.line
     assert "on seeds >= 2" in spec.claims[0].rule
     row = claim_row(spec, spec.claims[0], later_fail)
-    assert row["fit"] == "2/2" and row["2x"].startswith("0.00"), row
+    assert row["fit"] == "2/2 (baseline 2/2)" and row["2x"].startswith("0.00"), row
     only_early = later_fail[later_fail.seed < 2]
     assert judge(spec, only_early)[0].verdict == "inconclusive"
     assert judge(spec_with(replicas=4), later_fail)[0].verdict == "fails"  # all 4 seeds: 2 of 4 hold
@@ -197,6 +197,12 @@ def test_the_results_page_row_of_a_claim_counts_the_runs_that_fit_and_extrapolat
     assert row["verdict"] == "**holds**" and row["fit"] == "2/3" and row["extrapolate"] == "2/3", row
     assert row["2x"].startswith("0.82 [0.50-1.00]") and row["published"] == "a paper: 1.00"
     assert results_page.claim_row(spec, spec.claims[0], None)["verdict"] == "not run here"
+    # a comparison's row counts its baseline's runs that fit too: an inconclusive row says why
+    spec = spec_with()
+    runs = results(spec, {"coupled": [1.0] * 3, "random_shift": [0.5] * 3},
+                   fit={"coupled": [1.0] * 3, "random_shift": [0.9, 0.9, 1.0]}).assign(study="a")
+    row = results_page.claim_row(spec, spec.claims[0], runs)
+    assert row["verdict"] == "**inconclusive**" and row["fit"] == "3/3 (baseline 1/3)", row
 
 
 def test_a_runs_own_metric_is_judged_against_a_bound_on_every_run():
