@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from study.results.verdicts import FITS, held_out, judge, run_points, runs_text
+from study.results.verdicts import FITS, judge, run_points, runs_text
 from study.spec.schema import StudySpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,13 +89,13 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
     points = {}
     for times in (claim.times, claim.times * 1.5):
         judged = claim.model_copy(update={"times": times})
-        points[times] = run_points(spec, cell, judged, claim.k, held_out(claim, runs))
+        points[times] = run_points(spec, cell, judged, claim.k, runs)
     at = [p for p in points[claim.times].values() if not isinstance(p, str)]
     baseline_fit = ""
     if claim.compares:  # a comparison says nothing where its baseline did not fit: count those too
         base = spec.claim_cells(claim)[1]
         theirs = run_points(spec, base, claim, claim.baseline_k if claim.baseline_k is not None else claim.k,
-                            held_out(claim, runs))
+                            runs)
         baseline_fit = f" (baseline {sum(p.fit for p in theirs.values() if not isinstance(p, str))}/{len(theirs)})"
     further = [p for p in points[claim.times * 1.5].values() if not isinstance(p, str)]
     seeds = len({key for key in points[claim.times]})
@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", help="with --docs: also fill this README's `results: top` markers with the "
                    "measured rows, short")
     args = p.parse_args(argv)
+    if args.readme and not args.docs:
+        p.error("--readme: needs --docs (the README shows the page's rows)")
     for folder in args.add:
         print(f"runs: {add_study(folder).relative_to(ROOT)}")
     if args.curve:
@@ -230,11 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = claim_rows()
     text = page(rows)
     if args.docs:
+        if args.readme:  # filled first: a README without its markers leaves both files as they were
+            readme = Path(args.readme)
+            top = fill(readme.read_text(), "results: top", top_rows(rows), f"--readme: {readme}")
         Path(args.docs).write_text(text)
         print(f"page: {args.docs}")
         if args.readme:
-            readme = Path(args.readme)
-            readme.write_text(fill(readme.read_text(), "results: top", top_rows(rows), f"--readme: {readme}"))
+            readme.write_text(top)
             print(f"top rows: {args.readme}")
     else:
         sys.stdout.write(text)

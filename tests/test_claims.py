@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from study.claims import pooled_results
+from trial.metrics import SUMMARY
 from study.results.intervals import newcombe, wilson
 from study.results.verdicts import judge
 from study.spec.schema import StudySpec
@@ -110,21 +111,33 @@ def test_a_bound_holds_on_every_seed_that_fit():
 
 
 def test_a_claim_stated_after_earlier_seeds_is_judged_on_the_later_seeds_only():
-    """`from_seed`: seeds 0-1 suggested the claim (both hold it); seeds 2-3 decide it, and the page's row
-    counts only them."""
+    """`from_seed`: seeds 0-1 (which suggested the claim) fail it, seeds 2-3 hold it. Judged on all four
+    the claim fails; from seed 2 it holds, and the page's row counts only seeds 2-3."""
     from study.results_page import claim_row
 
     claim = {**SPEC["claims"][0], "from_seed": 2}
     spec = spec_with(replicas=4, claims=[claim])
-    later_fail = results(spec, {"coupled": [1.0, 1.0, 0.0, 0.0], "random_shift": [0.0] * 4})
-    verdict = judge(spec, later_fail)[0]
-    assert verdict.verdict == "fails" and {r["seed"] for r in verdict.rows} == {2, 3}, verdict.line
+    rows = results(spec, {"coupled": [0.0, 0.0, 1.0, 1.0], "random_shift": [0.0] * 4})
+    assert judge(spec_with(replicas=4), rows)[0].verdict == "fails"
+    verdict = judge(spec, rows)[0]
+    assert verdict.verdict == "holds" and {r["seed"] for r in verdict.rows} == {2, 3}, verdict.line
     assert "on seeds >= 2" in spec.claims[0].rule
-    row = claim_row(spec, spec.claims[0], later_fail)
-    assert row["fit"] == "2/2 (baseline 2/2)" and row["2x"].startswith("0.00"), row
-    only_early = later_fail[later_fail.seed < 2]
-    assert judge(spec, only_early)[0].verdict == "inconclusive"
-    assert judge(spec_with(replicas=4), later_fail)[0].verdict == "fails"  # all 4 seeds: 2 of 4 hold
+    row = claim_row(spec, spec.claims[0], rows)
+    assert row["fit"] == "2/2 (baseline 2/2)" and row["2x"].startswith("1.00"), row
+    assert judge(spec, rows[rows.seed < 2])[0].verdict == "inconclusive"
+
+
+def test_from_seed_keeps_a_searchs_selection_and_judges_its_later_replicas():
+    """With a search every searched trial runs on the spec's seed (0): the config is selected on them
+    all, then only its replicas on seeds >= from_seed judge the claim."""
+    claim = {**SPEC["claims"][0], "from_seed": 1}
+    spec = spec_with(replicas=3, claims=[claim], search={"params": {"optim.lr": {"loguniform": [1e-3, 1e-2]}}, "trials_per_cell": 1})
+    rows = results(spec, {"coupled": [0.0, 1.0, 1.0], "random_shift": [0.0] * 3})
+    first = rows.groupby("cell").trial_id.transform("first")  # each cell's seed-0 trial was its search
+    rows = rows.assign(role=(rows.seed == 0).map({True: "search", False: "replica"}),
+                       selected_from=first.where(rows.seed > 0), **{column: 1.0 for column in SUMMARY})
+    verdict = judge(spec, rows)[0]
+    assert verdict.verdict == "holds" and {r["seed"] for r in verdict.rows} == {1, 2}, verdict.line
 
 
 def test_pooled_studies_pair_seeds_within_each_study():

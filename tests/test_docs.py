@@ -184,16 +184,22 @@ def test_the_readme_tops_with_the_measured_rows_of_the_results_page(tmp_path, ca
     from study import results_page
 
     readme = tmp_path / "README.md"
-    readme.write_text((ROOT / "README.md").read_text())
+    shipped = (ROOT / "README.md").read_text()
+    head, rest = shipped.split("<!-- results: top -->\n", 1)
+    readme.write_text(head + "<!-- results: top -->\n" + rest[rest.index("<!-- end results: top -->"):])  # emptied
     assert results_page.main(["--docs", str(tmp_path / "results.md"), "--readme", str(readme)]) == 0
-    assert readme.read_text() == (ROOT / "README.md").read_text()
+    assert readme.read_text() == shipped
     top = readme.read_text().split("<!-- results: top -->")[1].split("<!-- end results: top -->")[0]
     measured = [r for r in results_page.claim_rows() if r["verdict"] != "not run here"]
     assert measured and len(top.strip().splitlines()) == 2 + len(measured)
     assert all(r["claim"] in top and "not run here" not in top for r in measured)
     readme.write_text("# no markers\n")
     with pytest.raises(SystemExit, match="--readme: .* has no <!-- results: top -->"):
-        results_page.main(["--docs", str(tmp_path / "results.md"), "--readme", str(readme)])
+        results_page.main(["--docs", str(tmp_path / "other.md"), "--readme", str(readme)])
+    assert not (tmp_path / "other.md").exists()  # refused before either file is written
+    with pytest.raises(SystemExit) as e:
+        results_page.main(["--readme", str(readme)])
+    assert e.value.code == 2 and "--readme: needs --docs" in capsys.readouterr().err
 
 
 def test_the_coupling_curve_is_what_its_command_makes_from_the_committed_runs(tmp_path):

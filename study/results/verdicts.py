@@ -69,17 +69,15 @@ def judge(spec: StudySpec, results: pd.DataFrame) -> list[Verdict]:
     return [judge_claim(spec, claim, results) for claim in spec.claims]
 
 
-def held_out(claim: ClaimSpec, results: pd.DataFrame) -> pd.DataFrame:
-    """The runs a claim is judged on: every seed, or those from `from_seed` on (the seeds that did not
-    inform a claim stated after earlier ones were seen)."""
-    if claim.from_seed is None or results.empty or "seed" not in results:
-        return results
-    return results[results.seed >= claim.from_seed]
+def held_out(claim: ClaimSpec, seed: int) -> bool:
+    """Whether a run of `seed` judges the claim: every seed, or those from `from_seed` on (the seeds that
+    did not inform a claim stated after earlier ones were seen). Applied to the runs of the selected
+    config, after selection: a search's trials all run on the spec's seed."""
+    return claim.from_seed is None or seed >= claim.from_seed
 
 
 def judge_claim(spec: StudySpec, claim: ClaimSpec, results: pd.DataFrame) -> Verdict:
     cell, base = spec.claim_cells(claim)
-    results = held_out(claim, results)
     if not claim.is_rate:
         return _judge_run_metric(claim, _run_values(spec, cell, claim, results))
     mine = run_points(spec, cell, claim, claim.k, results)
@@ -112,6 +110,8 @@ def run_points(spec: StudySpec, cell: Cell, claim: ClaimSpec, k: int | None,
             if k is not None and "k" in points:
                 points = points[points.k == k]
             key = (study, int(run.seed.iloc[0]))
+            if not held_out(claim, key[1]):
+                continue
             inside = points[points.length <= task.train_length]
             beyond = points[points.length >= test_at - 1e-9].sort_values("length")
             if inside.empty or beyond.empty or pd.isna(beyond[claim.metric].iloc[0]) or "n" not in beyond:
@@ -177,9 +177,9 @@ def _run_values(spec: StudySpec, cell: Cell, claim: ClaimSpec, results: pd.DataF
     out = {}
     for study, group in rows.groupby("study", sort=False):
         for _trial_id, run in _runs(spec, group):
-            value = run[claim.metric].dropna()
-            if not value.empty:
-                out[(study, int(run.seed.iloc[0]))] = float(value.iloc[0])
+            value, seed = run[claim.metric].dropna(), int(run.seed.iloc[0])
+            if not value.empty and held_out(claim, seed):
+                out[(study, seed)] = float(value.iloc[0])
     return out
 
 
