@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from study.claims import pooled_results
-from trial.metrics import SUMMARY
 from study.results.intervals import newcombe, wilson
 from study.results.verdicts import judge
 from study.spec.schema import StudySpec
+from trial.metrics import SUMMARY
 from trial.yaml_io import load_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
