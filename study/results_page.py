@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from study.results.verdicts import FITS, judge, run_points, runs_text
+from study.results.verdicts import FITS, baseline_points, fit_counts, judge, run_points, runs_text
 from study.spec.schema import StudySpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,10 +93,8 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
     at = [p for p in points[claim.times].values() if not isinstance(p, str)]
     baseline_fit = ""
     if claim.compares:  # a comparison says nothing where its baseline did not fit: count those too
-        base = spec.claim_cells(claim)[1]
-        theirs = run_points(spec, base, claim, claim.baseline_k if claim.baseline_k is not None else claim.k,
-                            runs)
-        baseline_fit = f" (baseline {sum(p.fit for p in theirs.values() if not isinstance(p, str))}/{len(theirs)})"
+        fit, judged = fit_counts(baseline_points(spec, claim, runs))
+        baseline_fit = f" (baseline {fit}/{judged})"
     further = [p for p in points[claim.times * 1.5].values() if not isinstance(p, str)]
     seeds = len({key for key in points[claim.times]})
     exact_at = [p.rate for p in at] if claim.metric == "exact_match" else []
@@ -232,13 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = claim_rows()
     text = page(rows)
     if args.docs:
-        if args.readme:  # filled first: a README without its markers leaves both files as they were
-            readme = Path(args.readme)
-            top = fill(readme.read_text(), "results: top", top_rows(rows), f"--readme: {readme}")
+        # filled first: a README without its markers leaves both files as they were
+        top = fill(Path(args.readme).read_text(), "results: top", top_rows(rows), f"--readme: {args.readme}") \
+            if args.readme else None
         Path(args.docs).write_text(text)
         print(f"page: {args.docs}")
-        if args.readme:
-            readme.write_text(top)
+        if top is not None:
+            Path(args.readme).write_text(top)
             print(f"top rows: {args.readme}")
     else:
         sys.stdout.write(text)

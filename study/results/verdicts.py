@@ -77,14 +77,19 @@ def held_out(claim: ClaimSpec, seed: int) -> bool:
 
 
 def judge_claim(spec: StudySpec, claim: ClaimSpec, results: pd.DataFrame) -> Verdict:
-    cell, base = spec.claim_cells(claim)
+    cell = spec.claim_cells(claim)[0]
     if not claim.is_rate:
         return _judge_run_metric(claim, _run_values(spec, cell, claim, results))
     mine = run_points(spec, cell, claim, claim.k, results)
     if not claim.compares:
         return _judge_bound(claim, mine)
-    theirs = run_points(spec, base, claim, claim.baseline_k if claim.baseline_k is not None else claim.k, results)
-    return _judge_comparison(claim, mine, theirs)
+    return _judge_comparison(claim, mine, baseline_points(spec, claim, results))
+
+
+def baseline_points(spec: StudySpec, claim: ClaimSpec, results: pd.DataFrame) -> dict[tuple, RunPoint | str]:
+    """A comparison's baseline runs: its baseline cell (or its own cell) at the baseline's k_test."""
+    base = spec.claim_cells(claim)[1]
+    return run_points(spec, base, claim, claim.baseline_k if claim.baseline_k is not None else claim.k, results)
 
 
 def run_points(spec: StudySpec, cell: Cell, claim: ClaimSpec, k: int | None,
@@ -139,7 +144,8 @@ def _runs(spec: StudySpec, cell_rows: pd.DataFrame):
     yield from done.groupby("trial_id", sort=False)
 
 
-def _counts(points: dict) -> tuple[int, int]:
+def fit_counts(points: dict) -> tuple[int, int]:
+    """(runs that fit, runs) of a cell's points."""
     runs = [p for p in points.values() if isinstance(p, RunPoint)]
     return sum(p.fit for p in runs), len(points)
 
@@ -150,7 +156,7 @@ def runs_text(values: list[float]) -> str:
 
 
 def _judge_bound(claim: ClaimSpec, mine: dict) -> Verdict:
-    fit, runs = _counts(mine)
+    fit, runs = fit_counts(mine)
     judged = {key: p for key, p in mine.items() if isinstance(p, RunPoint) and p.fit}
     rows, ok = [], []
     for (study, seed), p in judged.items():
@@ -197,8 +203,8 @@ def _judge_run_metric(claim: ClaimSpec, values: dict[tuple, float]) -> Verdict:
 
 
 def _judge_comparison(claim: ClaimSpec, mine: dict, theirs: dict) -> Verdict:
-    fit_a, runs_a = _counts(mine)
-    fit_b, runs_b = _counts(theirs)
+    fit_a, runs_a = fit_counts(mine)
+    fit_b, runs_b = fit_counts(theirs)
     both = [key for key in mine if key in theirs and isinstance(mine[key], RunPoint)
             and isinstance(theirs[key], RunPoint) and mine[key].fit and theirs[key].fit]
     rows, ok, diffs = [], [], []
