@@ -555,17 +555,6 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
 
 
 # --- local means local ---------------------------------------------------------------------------
-def test_a_local_study_listens_on_loopback_only(tmp_path):
-    spec = write_spec(tmp_path, **{"name": "loopback", "search/trials_per_cell": 1, "base/optim/steps": 40})
-    seen = run_sampling_listeners(spec, tmp_path / "studies", tmp_path / "out")
-    labels = " ".join(label for label, _, _ in seen)
-    # sampled while it ran: Ray's daemons, the driver and the trials (their gloo groups listen)
-    for owner in ("gcs_server", "raylet", "DashboardAgent", "ImplicitFunc", "study/run.py"):
-        assert owner in labels, (owner, seen)
-    exposed = sorted((label, ip, port) for label, ip, port in seen if not is_loopback(ip))
-    assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
-
-
 def test_the_embedded_study_starts_its_own_ray_beside_another(tmp_path):
     """A bare `ray.init()` attaches to the last `ray start` cluster of the machine (the address file
     in Ray's temp dir): a laptop study would silently run on someone else's Ray."""
