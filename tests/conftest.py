@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(config, items):
     """The files holding end-to-end (`slow`) tests first. pytest-xdist's worksteal scheduler hands
     each worker a contiguous half of this order and lets an idle worker take the tail of the other's
     queue, so with the minutes-long tests at the front the last tests of both queues are short ones
-    and neither worker finishes minutes after the other (in file order, test_storage and test_study's
-    studies came last). Whole files move, in their own order, so a module's fixtures start once."""
+    and neither worker finishes minutes after the other. Whole files move, in their own order, so a
+    module's fixtures start once."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
