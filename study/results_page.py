@@ -91,15 +91,18 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
         judged = claim.model_copy(update={"times": times})
         points[times] = run_points(spec, cell, judged, claim.k, runs)
     at = [p for p in points[claim.times].values() if not isinstance(p, str)]
-    baseline_fit = ""
+    baseline_fit = against = ""
     if claim.compares:  # a comparison says nothing where its baseline did not fit: count those too
-        fit, judged = fit_counts(baseline_points(spec, claim, runs))
+        base = baseline_points(spec, claim, runs)
+        fit, judged = fit_counts(base)
         baseline_fit = f" (baseline {fit}/{judged})"
+        base_at = [p.rate for p in base.values() if not isinstance(p, str)]
+        against = f" against {runs_text(base_at)}" if base_at else ""
     further = [p for p in points[claim.times * 1.5].values() if not isinstance(p, str)]
     seeds = len({key for key in points[claim.times]})
     exact_at = [p.rate for p in at] if claim.metric == "exact_match" else []
     return {**row, "verdict": f"**{verdict.verdict}**",
-            "2x": f"{runs_text([p.rate for p in at])} ({claim.metric}, {at[0].length if at else '-'})",
+            "2x": f"{runs_text([p.rate for p in at])}{against} ({claim.metric}, {at[0].length if at else '-'})",
             "3x": f"{runs_text([p.rate for p in further])} ({further[0].length})" if further else "-",
             "fit": f"{sum(p.fit for p in at)}/{seeds}{baseline_fit}",
             "extrapolate": f"{sum(r >= FITS for r in exact_at)}/{seeds}" if exact_at else "-",
@@ -152,8 +155,9 @@ above 0 and its point estimate reaches the claim's effect; a bound holds when ev
 reaches it. A claim whose cells did not fit on two seeds is **inconclusive**: such a run says
 nothing about its scheme. Figures are the claim's metric (exact match of the whole output unless it
 says otherwise) at its test length (2x the train length unless it says otherwise) and at 1.5x that,
-mean [min-max] over seeds, last checkpoint unless the claim names `best`; "runs fit" and
-"extrapolate" count seeds as k/n. Rows "not run here" have no committed runs yet: the command reruns them.
+mean [min-max] over seeds, last checkpoint unless the claim names `best`, a comparison's "against"
+its baseline's over every seed; "runs fit" and "extrapolate" count the claim's cell's seeds as k/n.
+Rows "not run here" have no committed runs yet: the command reruns them.
 
 {head}
 {body}

@@ -216,6 +216,8 @@ def test_the_results_page_row_of_a_claim_counts_the_runs_that_fit_and_extrapolat
                    fit={"coupled": [1.0] * 3, "random_shift": [0.9, 0.9, 1.0]}).assign(study="a")
     row = results_page.claim_row(spec, spec.claims[0], runs)
     assert row["verdict"] == "**inconclusive**" and row["fit"] == "3/3 (baseline 1/3)", row
+    # and shows its baseline's figure beside the cell's, over every seed
+    assert row["2x"].startswith("1.00 against 0.50 ("), row
 
 
 def test_a_runs_own_metric_is_judged_against_a_bound_on_every_run():
