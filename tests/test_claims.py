@@ -80,6 +80,22 @@ def test_the_effect_is_the_smallest_difference_that_counts():
     assert verdict.verdict == "fails" and all(r["low"] > 0 for r in verdict.rows)
 
 
+def test_a_baseline_below_chance_is_judged_as_chance():
+    # 0.57 against a baseline at 0.30 on a one-bit answer: above the baseline, not above a coin by 0.1
+    rates = {"coupled": [0.57, 0.9, 0.9], "random_shift": [0.30, 0.3, 0.7]}
+    spec = spec_with()
+    assert judge(spec, results(spec, rates))[0].verdict == "holds"
+    claim = {**SPEC["claims"][0], "chance": 0.5}
+    spec = spec_with(claims=[claim])
+    verdict = judge(spec, results(spec, rates))[0]
+    assert verdict.verdict == "fails", verdict.line
+    assert [r["judged_baseline_rate"] for r in verdict.rows] == [0.5, 0.5, 0.7]
+    assert [r["reached"] for r in verdict.rows] == [False, True, True]
+    assert "or chance, 0.5" in verdict.claim.rule
+    with pytest.raises(ValueError, match="chance"):  # a bound has no baseline to floor
+        spec_with(claims=[{"name": "b", "cell": {"ids": "coupled"}, "at_least": 0.9, "chance": 0.5}])
+
+
 def test_a_cell_that_did_not_fit_makes_its_claim_inconclusive_and_is_counted():
     spec = spec_with()
     rows = results(spec, {"coupled": [0.9] * 3, "random_shift": [0.0] * 3},

@@ -8,7 +8,9 @@ model's own ids and the claim's checkpoint:
 - *the claim's rate*: `metric` at the first evaluated length >= `times` x the cell's train length.
 
 A comparison holds when, on every seed where both cells fit (at least MIN_SEEDS of them),
-Newcombe's 95% interval of the difference lies above 0 and its point estimate reaches `effect`; a
+Newcombe's 95% interval of the difference lies above 0 and its point estimate reaches `effect`
+(where the claim states `chance`, a baseline below it is taken at chance: beating a model worse than
+a guess shows nothing a guess would not); a
 bound holds when, on every seed where the cell fit (at least MIN_SEEDS), the rate reaches the bound.
 Fewer such seeds make the claim `inconclusive`, never `fails`.
 """
@@ -210,17 +212,19 @@ def _judge_comparison(claim: ClaimSpec, mine: dict, theirs: dict) -> Verdict:
     rows, ok, diffs = [], [], []
     for key in both:
         a, b = mine[key], theirs[key]
-        low, high = newcombe(a.rate * a.n, a.n, b.rate * b.n, b.n)
-        d = a.rate - b.rate
+        b_rate = max(b.rate, claim.chance) if claim.chance is not None else b.rate
+        low, high = newcombe(a.rate * a.n, a.n, b_rate * b.n, b.n)
+        d = a.rate - b_rate
         reached = low > 0 and d >= claim.effect - 1e-12
         ok.append(reached)
         diffs.append(d)
         rows.append({"claim": claim.name, "study": key[0], "seed": key[1], "length": a.length,
                      "baseline_length": b.length, "n": a.n, "rate": a.rate, "baseline_rate": b.rate,
-                     "difference": d, "low": low, "high": high, "reached": reached})
+                     "judged_baseline_rate": b_rate, "difference": d, "low": low, "high": high, "reached": reached})
     cell_rates = [mine[k].rate for k in both]
     base_rates = [theirs[k].rate for k in both]
-    figures = (f"{claim.metric} at {claim.times:g}x: {runs_text(cell_rates)} against {runs_text(base_rates)}, "
+    floor = f" (taken at chance, {claim.chance:g}, where below)" if claim.chance is not None else ""
+    figures = (f"{claim.metric} at {claim.times:g}x: {runs_text(cell_rates)} against {runs_text(base_rates)}{floor}, "
                f"difference {runs_text(diffs)}, interval above 0 and >= {claim.effect:g} on {sum(ok)}/{len(ok)} "
                f"seeds where both fit; runs fit {fit_a}/{runs_a} and {fit_b}/{runs_b} (baseline)")
     if len(both) < MIN_SEEDS:

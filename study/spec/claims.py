@@ -10,6 +10,7 @@ claims:
     metric: exact_match                        # or answer_token_acc, answer_acc
     times: 2                                   # the test length, as a multiple of the train length
     effect: 0.10                               # the smallest difference (or margin) that counts
+    chance: 0.5                                # optional: a guess's rate; a baseline below it counts as chance
 ```
 Cells are named by factor values (so a grid can grow without touching its claims), each exactly one.
 """
@@ -44,6 +45,8 @@ class ClaimSpec(Strict):
     k: int | None = Field(None, ge=1, description="the evaluation point's k_test (default: the cell's train k)")
     checkpoint: Literal["last", "best"] = Field("last", description="which checkpoint is judged (eval.select)")
     effect: float = Field(0.10, ge=0, le=1, description="the smallest difference to the baseline that counts")
+    chance: float | None = Field(None, ge=0, lt=1, description="the rate a guess reaches on this metric (a "
+                                 "one-bit answer: 0.5); a comparison's baseline below it is judged as chance")
     from_seed: int | None = Field(None, ge=0, description="judged on seeds >= this only: a claim stated after "
                                   "earlier seeds were seen is tested by the seeds that did not inform it")
 
@@ -58,6 +61,9 @@ class ClaimSpec(Strict):
         if self.metric not in CLAIM_METRICS and (self.compares or self.k is not None):
             raise ValueError(f"claim {self.name}: metric: {self.metric!r} is a run's own metric, judged against a "
                              f"bound (at_least / at_most) only; rates to compare: {', '.join(CLAIM_METRICS)}")
+        if self.chance is not None and not (self.compares and self.is_rate):
+            raise ValueError(f"claim {self.name}: chance: floors a comparison's baseline; give it with baseline "
+                             f"and a rate metric ({', '.join(CLAIM_METRICS)})")
         if self.baseline_k is not None and self.baseline is None and self.baseline_k == self.k:
             raise ValueError(f"claim {self.name}: baseline_k: {self.baseline_k} is the claim's own k")
         return self
@@ -77,7 +83,8 @@ class ClaimSpec(Strict):
         if self.compares:
             other = label_of(self.baseline) if self.baseline is not None else "its own cell"
             at_k = f" at k_test {self.baseline_k}" if self.baseline_k is not None else ""
-            rule = f"above {other}{at_k} by >= {self.effect:g}"
+            floor = f" (or chance, {self.chance:g}, where it is below)" if self.chance is not None else ""
+            rule = f"above {other}{at_k}{floor} by >= {self.effect:g}"
         else:
             rule = f">= {self.at_least:g}" if self.at_least is not None else f"<= {self.at_most:g}"
         return rule + (f" on seeds >= {self.from_seed}" if self.from_seed is not None else "")
