@@ -8,9 +8,8 @@ model's own ids and the claim's checkpoint:
 - *the claim's rate*: `metric` at the first evaluated length >= `times` x the cell's train length.
 
 A comparison holds when, on every seed where both cells fit (at least MIN_SEEDS of them),
-Newcombe's 95% interval of the difference lies above 0 and its point estimate reaches `effect`
-(where the claim states `chance`, a baseline below it is taken at chance: beating a model worse than
-a guess shows nothing a guess would not); a
+Newcombe's 95% interval of the difference lies above 0 and its point estimate reaches `effect` (a
+baseline below the claim's `chance` is taken at chance: beating worse than a guess shows nothing); a
 bound holds when, on every seed where the cell fit (at least MIN_SEEDS), the rate reaches the bound.
 Fewer such seeds make the claim `inconclusive`, never `fails`.
 """

@@ -10,7 +10,6 @@ claims:
     metric: exact_match                        # or answer_token_acc, answer_acc
     times: 2                                   # the test length, as a multiple of the train length
     effect: 0.10                               # the smallest difference (or margin) that counts
-    chance: 0.5                                # optional: a guess's rate; a baseline below it counts as chance
 ```
 Cells are named by factor values (so a grid can grow without touching its claims), each exactly one.
 """
