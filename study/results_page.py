@@ -75,8 +75,10 @@ def add_study(folder: str) -> Path:
 def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, str]:
     cfg = spec.checked_config(spec.claim_cells(claim)[0])
     prior = " (`id_window`: our prior)" if cfg.positional.id_window is not None and "id_window" not in claim.setup else ""
+    # the page shows the baseline's raw figure: say how it was judged
+    chance = f"; a baseline below chance ({claim.chance:g}) judged as chance" if claim.chance is not None else ""
     command = f"`python study/run.py --space search_spaces/experiments/{spec.name}.yaml`"
-    row = {"claim": f"`{claim.name}` ({claim.source})", "setup": f"{claim.setup}{prior}",
+    row = {"claim": f"`{claim.name}` ({claim.source})", "setup": f"{claim.setup}{prior}{chance}",
            "published": claim.published or "-", "rerun": command}
     if runs is None:
         return {**row, "verdict": "not run here", "2x": "-", "3x": "-", "fit": "-", "extrapolate": "-"}

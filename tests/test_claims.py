@@ -92,6 +92,9 @@ def test_a_baseline_below_chance_is_judged_as_chance():
     assert [r["judged_baseline_rate"] for r in verdict.rows] == [0.5, 0.5, 0.7]
     assert [r["reached"] for r in verdict.rows] == [False, True, True]
     assert "or chance, 0.5" in verdict.claim.rule
+    from study import results_page  # the page, which shows the baseline's raw figure, says so
+
+    assert "judged as chance" in results_page.claim_row(spec, spec.claims[0], results(spec, rates))["setup"]
     with pytest.raises(ValueError, match="chance"):  # a bound has no baseline to floor
         spec_with(claims=[{"name": "b", "cell": {"ids": "coupled"}, "at_least": 0.9, "chance": 0.5}])
 
