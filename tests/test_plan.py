@@ -90,17 +90,19 @@ def test_a_bad_set_exits_2_naming_the_field(item, named, capsys, tmp_path):
     assert not (tmp_path / "studies").exists()
 
 
-def test_train_takes_set_into_the_trial_config(tmp_path):
+def test_train_takes_set_into_the_trial_config(tmp_path, capsys):
+    from test_study import cli_in_process
+
+    from study import train as train_cli
+
     config = str(ROOT / "search_spaces" / "trials" / "sparse_parity.yaml")
-    train = [str(BIN / "python"), "-m", "study.train", config]
-    bad = subprocess.run([*train, "--set", "optim.stepz=5"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: optim.stepz: Extra inputs are not permitted"
+    code, _, err = cli_in_process(train_cli.main, [config, "--set", "optim.stepz=5"], capsys)
+    assert code == 2 and err.strip() == "error: optim.stepz: Extra inputs are not permitted"
     out = tmp_path / "eval.csv"
-    ran = subprocess.run([*train, "--steps", "2", "--set", "eval.lengths=[10, 30]", "--set", "eval.ks=[1]",
-                          "--set", "eval.samples_per_point=8", "--out", str(out)], cwd=ROOT, env=ENV,
-                         capture_output=True, text=True, timeout=300)
-    assert ran.returncode == 0, ran.stderr[-2000:]
+    code, _, err = cli_in_process(train_cli.main, [config, "--steps", "2", "--set", "eval.lengths=[10, 30]", "--set",
+                                                   "eval.ks=[1]", "--set", "eval.samples_per_point=8", "--out",
+                                                   str(out)], capsys)
+    assert code == 0, err[-2000:]
     table = pd.read_csv(out)
     assert sorted(table.length.unique()) == [10, 30] and set(table.k) == {1} and set(table.n) == {8}
 

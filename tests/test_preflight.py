@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_study import ENV, ROOT, RUN, is_loopback, sample_listeners, write_spec
+from test_study import ENV, ROOT, RUN, is_loopback, main_in_process, sample_listeners, write_spec
 
 
 # --- local means loopback ---------------------------------------------------------------------------
@@ -136,26 +136,29 @@ def test_real_checkpoints_still_load_as_weights(zero_stage, tmp_path):
 
 
 # --- a record that outlives the cluster ---------------------------------------------------------------
-def test_a_cluster_study_recording_to_sqlite_is_warned_that_the_record_dies_with_the_head(tmp_path):
+def test_a_cluster_study_recording_to_sqlite_is_warned_that_the_record_dies_with_the_head(tmp_path, monkeypatch,
+                                                                                         capsys):
     """On a cluster (`ray job submit` sets RAY_ADDRESS) the driver runs on the head node: the default
     SQLite record is a file there and goes away with it. Warned (the study still runs), with how to point
-    --mlflow-uri at a server that outlives the cluster; a laptop's study and a tracking server are not."""
+    --mlflow-uri at a server that outlives the cluster; a laptop's study and a tracking server are not.
+    Dry runs (preflight, the spec and the plan; no Ray, no network), run.py's main in this process."""
     from study.record.mlflow.uri_checks import ephemeral_record
 
     spec = str(ROOT / "search_spaces" / "smoke.yaml")
     storage = str(tmp_path / "studies")
-    cluster = run_dry({**ENV, "RAY_ADDRESS": "10.0.0.5:6379"}, spec, storage)  # as under `ray job submit`
-    assert cluster.returncode == 0, cluster.stderr
-    warnings = [line for line in cluster.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1, cluster.stderr
+    dry = ["--space", spec, "--storage", storage, "--dry-run"]
+    cluster = {"RAY_ADDRESS": "10.0.0.5:6379"}  # as under `ray job submit`
+    code, _, err = main_in_process(dry, monkeypatch, capsys, env=cluster)
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, err
     for said in (f"sqlite:///{storage}/mlflow.db", "head node", "goes away", "--mlflow-uri http://",
                  "mlflow server --backend-store-uri postgresql"):
         assert said in warnings[0], warnings[0]
-    laptop = run_dry(ENV, spec, storage)  # the embedded Ray: the record stays on this machine
-    assert laptop.returncode == 0 and "warning" not in laptop.stderr, laptop.stderr
-    server = run_dry({**ENV, "RAY_ADDRESS": "10.0.0.5:6379"}, spec, storage,
-                     "--mlflow-uri", "http://10.0.0.9:5000")
-    assert server.returncode == 0 and "warning" not in server.stderr, server.stderr
+    code, _, err = main_in_process(dry, monkeypatch, capsys)  # the embedded Ray: the record stays on this machine
+    assert code == 0 and "warning" not in err, err
+    code, _, err = main_in_process([*dry, "--mlflow-uri", "http://10.0.0.9:5000"], monkeypatch, capsys, env=cluster)
+    assert code == 0 and "warning" not in err, err
 
     # the same decision for each way of naming a cluster and a store
     bucket_default = ephemeral_record(None, "ray://head:10001", "s3://bucket/studies")
@@ -167,8 +170,3 @@ def test_a_cluster_study_recording_to_sqlite_is_warned_that_the_record_dies_with
     assert ephemeral_record(None, None, storage) is None  # run.py's address for the embedded Ray
     assert ephemeral_record("sqlite:////data/mlflow.db", None, storage) is None
 
-
-def run_dry(env: dict, spec: str, storage: str, *extra: str) -> subprocess.CompletedProcess:
-    """`study/run.py --dry-run`: preflight, the spec and the plan; no Ray, no network."""
-    return subprocess.run([*RUN, "--space", spec, "--storage", storage, "--dry-run", *extra], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300)

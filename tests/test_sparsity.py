@@ -2,8 +2,6 @@
 and small trained models of the tasks that plant k (sparse_parity, parity_scratchpad)."""
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -214,20 +212,33 @@ def test_trained_sparse_parity_model_needs_exactly_its_marked_bits(sparse_parity
     assert s["k_match"] >= 0.9 and s["precision"] >= 0.9 and s["recall"] >= 0.9 and s["k_median"] == 3
 
 
-def test_cli_writes_the_per_target_table(sparse_parity_model, tmp_path):
-    _, folder = sparse_parity_model
+@pytest.fixture(scope="module")
+def briefly_trained_model(tmp_path_factory):
+    """A checkpoint of a few steps: what the command-line tests read is its tables, not the model's skill."""
+    cfg = yaml.safe_load((ROOT / "search_spaces/trials/sparse_parity.yaml").read_text())
+    cfg["optim"].update(steps=10, warmup_steps=2)
+    cfg["eval"].update(ks=[2], lengths=[20], samples_per_point=16, every_steps=10)
+    return train(tmp_path_factory, "briefly_trained", cfg)
+
+
+def test_cli_writes_the_per_target_table(briefly_trained_model, tmp_path, capsys):
+    """`python -m study.sparsity`'s main in this process."""
+    from test_study import cli_in_process
+
+    from study import sparsity as sparsity_cli
+
+    _, folder = briefly_trained_model
     out = tmp_path / "meter"
-    proc = subprocess.run([sys.executable, "-m", "study.sparsity", "--checkpoint", folder, "--targets", "24",
-                           "--seed", "5", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "per 1000 targets" in proc.stdout and "k distribution" in proc.stdout
-    assert "24/24 targets" in proc.stderr  # progress
+    code, stdout, stderr = cli_in_process(sparsity_cli.main, ["--checkpoint", folder, "--targets", "24", "--seed", "5",
+                                                              "--out", str(out)], capsys)
+    assert code == 0, stderr[-3000:]
+    assert "per 1000 targets" in stdout and "k distribution" in stdout
+    assert "24/24 targets" in stderr  # progress
     table = pd.read_csv(out / "targets.csv")
     assert len(table) == 24 and {"k", "k_planted", "chosen", "planted", "precision", "recall"} <= set(table.columns)
     assert (out / "k_hist.png").stat().st_size > 1000
-    bad = subprocess.run([sys.executable, "-m", "study.sparsity", "--checkpoint", folder, "--length", "90"],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 2 and "sparsity.length" in bad.stderr
+    code, _, stderr = cli_in_process(sparsity_cli.main, ["--checkpoint", folder, "--length", "90"], capsys)
+    assert code == 2 and "sparsity.length" in stderr
 
 
 @pytest.fixture(scope="module")

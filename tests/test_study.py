@@ -123,7 +123,8 @@ def run(args, timeout=600, **kw) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
-def main_in_process(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+def main_in_process(argv: list[str], monkeypatch, capsys, env: dict | None = None,
+                    until_ray: bool = False) -> tuple[int, str, str]:
     """run.py's main on `argv` in this process, for a run that is refused before anything starts: no
     interpreter, Ray or DeepSpeed start to wait for (each `python study/run.py` imports for 4 CPU-s),
     and a tripwire in place of Ray and the study (as test_record_identity.py's `no_study_starts`), so a
@@ -131,7 +132,8 @@ def main_in_process(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str
     sets in the environment for the Ray it would start (study/run.py: the local-only switch, DeepSpeed's
     build folder) is undone. Returns the exit code, stdout and stderr. A shell's view of the same exit
     (a real process) is what tests/test_validation_fuzz.py and each test's remaining subprocess case
-    check."""
+    check. `env`: variables set for the call (RAY_ADDRESS, as `ray job submit` sets it). `until_ray`:
+    the tripwire is Ray's start alone, so the study's checks before it run too (a resume's snapshot)."""
     from study import run as run_cli
     from study.experiment import tuning
 
@@ -141,11 +143,17 @@ def main_in_process(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str
     environ = dict(os.environ)
     try:
         with monkeypatch.context() as patch:
-            patch.setattr(tuning, "run_study", tripwire)
+            if not until_ray:
+                patch.setattr(tuning, "run_study", tripwire)
             patch.setattr(tuning, "start_ray", tripwire)
             patch.delenv("RAY_ADDRESS", raising=False)
+            for name, value in (env or {}).items():
+                patch.setenv(name, value)
             capsys.readouterr()
-            code = run_cli.main(argv)
+            try:
+                code = run_cli.main(argv)
+            except SystemExit as e:  # how the study's own checks stop it (study/experiment/tuning.py)
+                code = e.code
             out, err = capsys.readouterr()
     finally:
         if dict(os.environ) != environ:

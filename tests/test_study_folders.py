@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from test_record_identity import SMOKE, no_study_starts, refused  # noqa: F401 (a fixture)
-from test_study import ENV, ROOT, mlflow_runs, run, write_spec
+from test_study import ENV, ROOT, cli_in_process, main_in_process, mlflow_runs, run, write_spec
 
 from study import run as run_cli
 from study.experiment import snapshots
@@ -46,18 +46,18 @@ def study_folder(storage: Path, name: str = "smoke") -> Path:
 
 # --- a storage path holding what a URI reads otherwise ---------------------------------------------------
 @pytest.mark.parametrize("name,named", [("p%41", "'%41'"), ("q?x", "'?'"), ("a%2fb?c", "'%2f'")])
-def test_a_storage_path_mlflow_would_misread_exits_2_before_anything_is_written(name, named, tmp_path):
+def test_a_storage_path_mlflow_would_misread_exits_2_before_anything_is_written(name, named, tmp_path, monkeypatch,
+                                                                               capsys):
     """`%41` in a folder's name was decoded to `A` in the default sqlite:/// URI (a traceback after the
     study folder was made), and `?` started its query (the database landed outside the storage). An
     escaped URI would not help: MLflow makes the database's folder from the URI's text as written."""
     storage = tmp_path / "outer" / name
     storage.mkdir(parents=True)
     before = tree(tmp_path)
-    out = run(["--space", SMOKE, "--storage", str(storage)], timeout=300)
-    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --storage: ") and named in lines[0], out.stderr
-    assert "Traceback" not in out.stderr
+    code, out, err = main_in_process(["--space", SMOKE, "--storage", str(storage)], monkeypatch, capsys)
+    assert code == 2, out[-3000:] + err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --storage: ") and named in lines[0], err
     assert tree(tmp_path) == before  # nothing written, in the storage or beside it
 
 
@@ -114,15 +114,16 @@ def test_a_deeply_nested_driver_lock_is_one_line(tmp_path, capsys, monkeypatch, 
     assert (folder / "driver.lock").read_bytes() == DEEP
 
 
-def test_a_deeply_nested_snapshot_record_is_one_line(tmp_path):
+def test_a_deeply_nested_snapshot_record_is_one_line(tmp_path, monkeypatch, capsys):
     folder = study_folder(tmp_path / "studies")
     (folder / "tune" / snapshots.COMPLETE).write_bytes(DEEP)
     with pytest.raises(snapshots.UnsafeSnapshot, match="not a snapshot record"):
         snapshots.restore_complete_snapshot(str(folder / "tune"))
-    out = run(["--space", SMOKE, "--storage", str(tmp_path / "studies"), "--resume"], timeout=300)
-    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
-    line = out.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: --resume:") and snapshots.COMPLETE in line and "Traceback" not in out.stderr
+    code, out, err = main_in_process(["--space", SMOKE, "--storage", str(tmp_path / "studies"), "--resume"],
+                                     monkeypatch, capsys, until_ray=True)
+    assert code == 2, out[-3000:] + err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: --resume:") and snapshots.COMPLETE in line
 
 
 # --- a copied study folder -------------------------------------------------------------------------------
@@ -138,18 +139,16 @@ def test_a_copied_study_is_refused_and_can_become_a_study_of_its_own(tmp_path, c
     line = refused(["--storage", str(tmp_path / "studies2"), "--resume"], capsys, str(copy / "study.json"))
     assert str(original) in line and f"python -m study.record.identity --new-study {copy}" in line, line
     assert tree(tmp_path) == before  # refused before MLflow or anything else was touched
-    made = subprocess.run([sys.executable, "-m", "study.record.identity", "--new-study", str(copy)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr
+    code, _, err = cli_in_process(identity.main, ["--new-study", str(copy)], capsys)
+    assert code == 0, err
     old, new = identity.read(str(original), "smoke"), identity.read(str(copy), "smoke")
     assert new.id != old.id and new.location == str(copy) and new.spec == old.spec
     with pytest.raises(AssertionError, match="the study started"):  # past every check: the tripwire
         run_cli.main(["--space", SMOKE, "--storage", str(tmp_path / "studies2"), "--resume"])
     with pytest.raises(AssertionError, match="the study started"):  # the original resumes as itself
         run_cli.main(["--space", SMOKE, "--storage", str(tmp_path / "studies"), "--resume"])
-    kept = subprocess.run([sys.executable, "-m", "study.record.identity", "--new-study", str(original)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # the original is no copy: kept
-    assert kept.returncode == 2 and "not a copy" in kept.stderr and identity.read(str(original), "smoke") == old
+    code, _, err = cli_in_process(identity.main, ["--new-study", str(original)], capsys)  # no copy: kept
+    assert code == 2 and "not a copy" in err and identity.read(str(original), "smoke") == old
 
 
 def test_a_copied_bucket_study_is_refused(s3, tmp_path, capsys, monkeypatch, no_study_starts):  # noqa: F811

@@ -190,25 +190,26 @@ def test_bad_configs_name_the_field(change, field):
     assert any(line.startswith(field + ":") for line in text.splitlines()), text
 
 
-def test_cli_prints_the_evaluation_table(tmp_path):
+def test_cli_prints_the_evaluation_table(tmp_path, capsys):
+    """`python -m study.train`'s main in this process (the interpreter's start is not what it tests)."""
     import yaml
+    from test_study import cli_in_process
+
+    from study import train as train_cli
 
     path = tmp_path / "trial.yaml"
     path.write_text(yaml.safe_dump(config()))
-    out = subprocess.run(
-        [sys.executable, "-m", "study.train", str(path), "--out", str(tmp_path / "eval.csv")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "answer_acc" in out.stdout and "exact_match" in out.stdout
+    code, out, err = cli_in_process(train_cli.main, [str(path), "--out", str(tmp_path / "eval.csv")], capsys)
+    assert code == 0, err
+    assert "answer_acc" in out and "exact_match" in out
     import pandas as pd
 
     table = pd.read_csv(tmp_path / "eval.csv")
     assert sorted(set(zip(table.length, table.k))) == [(8, 1), (8, 2), (16, 1), (16, 2)]
 
     path.write_text(yaml.safe_dump(config(eval={"ks": [1, 20]})))
-    bad = subprocess.run([sys.executable, "-m", "study.train", str(path)], cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode == 2 and "eval.ks" in bad.stderr
+    code, _, err = cli_in_process(train_cli.main, [str(path)], capsys)
+    assert code == 2 and "eval.ks" in err
 
 
 class Interrupted(Exception):
