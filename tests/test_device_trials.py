@@ -15,6 +15,7 @@ TINY = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "eval.lengths
         "task.params.train_length=3"]
 
 
+@pytest.mark.slow  # two trial processes trained side by side: the whole suite's
 def test_two_trials_side_by_side_each_keep_their_plan_records_and_trajectory(tmp_path):
     shift = "positional={encoding: learned, ids: random_shift, max_position: 64}"
     report = device_trials.run([["abacus", ABACUS, *TINY], ["shift", ABACUS, *TINY, shift]],

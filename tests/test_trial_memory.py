@@ -179,6 +179,7 @@ def test_a_trials_peak_memory_stays_under_its_estimate(what, tmp_path):
 
 
 # --- a fraction of a CPU ----------------------------------------------------------------------------------
+@pytest.mark.slow  # a real Ray started: the whole suite's
 def test_a_fractional_cpu_share_is_accepted_because_ray_schedules_it(tmp_path, capsys, monkeypatch):
     """`resources.cpus_per_worker: 1.5` is kept: Ray takes fractional CPU requests above 1 too (to
     0.0001), and runs a task asking 1.5 CPUs on a Ray of 2; a spec asking it is accepted."""
