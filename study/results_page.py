@@ -57,9 +57,7 @@ def add_study(folder: str) -> Path:
     rows = results.assign(study=study)[[c for c in KEEP if c in results.columns or c == "study"]]
     DATA.mkdir(parents=True, exist_ok=True)
     path = DATA / f"{name}.csv"
-    old = committed_runs(name)
-    if old is not None:
-        rows = pd.concat([old[old.study != study], rows], ignore_index=True)
+    rows = beside(committed_runs(name), rows, study, f"docs/results/{name}.csv")
     rows.to_csv(path, index=False)
     series = Path(folder) / "series.csv"
     if series.exists():  # the tracked series, where its trials tracked lengths beyond training
@@ -70,6 +68,21 @@ def add_study(folder: str) -> Path:
             kept = pd.concat([before[before.study != study], kept], ignore_index=True)
         kept.round(4).to_csv(out, index=False)
     return path
+
+
+def beside(old: pd.DataFrame | None, rows: pd.DataFrame, study: str, where: str) -> pd.DataFrame:
+    """A study's rows beside the other studies' in `old` (its own earlier rows replaced); ValueError
+    where it holds a seed another study there holds: the judge keys runs by (study, seed), and one spec
+    and seed give the same runs, so a seed added twice would count as two."""
+    if old is None:
+        return rows
+    others = old[old.study != study]
+    shared = sorted(set(rows.seed.dropna().astype(int)) & set(others.seed.dropna().astype(int)))
+    if shared:
+        held = others[others.seed == shared[0]].study.iloc[0]
+        raise ValueError(f"--add: {study}: seed {shared[0]} is already in {where} (study {held}); each seed "
+                         "of a spec is added once")
+    return pd.concat([others, rows], ignore_index=True)
 
 
 def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, str]:
@@ -92,23 +105,33 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
     for times in (claim.times, claim.times * 1.5):
         judged = claim.model_copy(update={"times": times})
         points[times] = run_points(spec, cell, judged, claim.k, runs)
-    at = [p for p in points[claim.times].values() if not isinstance(p, str)]
-    baseline_fit = against = ""
+    at, none_fit = fitting(points[claim.times])
+    baseline_fit = against = base_none_fit = ""
     if claim.compares:  # a comparison says nothing where its baseline did not fit: count those too
         base = baseline_points(spec, claim, runs)
         fit, judged = fit_counts(base)
         baseline_fit = f" (baseline {fit}/{judged})"
-        base_at = [p.rate for p in base.values() if not isinstance(p, str)]
-        against = f" against {runs_text(base_at)}" if base_at else ""
-    further = [p for p in points[claim.times * 1.5].values() if not isinstance(p, str)]
+        base_at, base_none_fit = fitting(base)
+        against = f" against {runs_text([p.rate for p in base_at])}" if base_at else ""
+    further, _ = fitting(points[claim.times * 1.5])
     seeds = len({key for key in points[claim.times]})
-    exact_at = [p.rate for p in at] if claim.metric == "exact_match" else []
+    fitted = [p for p in at if p.fit]
     return {**row, "verdict": f"**{verdict.verdict}**",
-            "2x": f"{runs_text([p.rate for p in at])}{against} ({claim.metric}, {at[0].length if at else '-'})",
+            "2x": f"{runs_text([p.rate for p in at])}{against} ({claim.metric}, {at[0].length if at else '-'}"
+                  f"{none_fit}{base_none_fit.replace('no run', 'no baseline run')})",
             "3x": f"{runs_text([p.rate for p in further])} ({further[0].length})" if further else "-",
-            "fit": f"{sum(p.fit for p in at)}/{seeds}{baseline_fit}",
-            "extrapolate": f"{sum(r >= FITS for r in exact_at)}/{seeds}" if exact_at else "-",
+            "fit": f"{len(fitted)}/{seeds}{baseline_fit}",
+            "extrapolate": f"{sum(p.rate >= FITS for p in fitted)}/{len(fitted)}" if claim.metric == "exact_match"
+            else "-",
             "setup": row["setup"] + f"; {seeds} seeds"}
+
+
+def fitting(points: dict) -> tuple[list, str]:
+    """The runs a figure speaks of: those that fit in distribution (one that did not says nothing of
+    its scheme), or, where none did, every run, marked so."""
+    runs = [p for p in points.values() if not isinstance(p, str)]
+    fit = [p for p in runs if p.fit]
+    return (fit, "") if fit or not runs else (runs, "; no run fit")
 
 
 def claim_rows() -> list[dict[str, str]]:
@@ -155,11 +178,16 @@ committed runs (docs/statistics.md): a comparison **holds** when, on every seed 
 in distribution (exact >= {FITS}) and on at least two, Newcombe's 95% interval of the difference is
 above 0 and its point estimate reaches the claim's effect; a bound holds when every run that fit
 reaches it. A claim whose cells did not fit on two seeds is **inconclusive**: such a run says
-nothing about its scheme. Figures are the claim's metric (exact match of the whole output unless it
-says otherwise) at its test length (2x the train length unless it says otherwise) and at 1.5x that,
-mean [min-max] over seeds, last checkpoint unless the claim names `best`, a comparison's "against"
-its baseline's over every seed; "runs fit" and "extrapolate" count the claim's cell's seeds as k/n.
-Rows "not run here" have no committed runs yet: the command reruns them.
+nothing about its scheme. **fails** says the claim was not shown on those seeds, not that its
+opposite was: where both cells score near 0 (or near chance), the test cannot tell them apart.
+Figures are the claim's metric (exact match of the whole output unless it says otherwise) at its
+test length (2x the train length unless it says otherwise) and at 1.5x that, mean [min-max] over
+the runs that fit (over every run, marked "no run fit", where none did), a comparison's "against"
+its baseline's runs that fit; the last checkpoint, unless the claim names `best`: the one its spec
+selects, on a length beyond training where the spec says so, as the reference implementation
+selects. "runs fit" counts the claim's cell's seeds that fit, and "extrapolate" those of them that
+reach 0.95 at the test length, as k/n. Rows "not run here" have no committed runs yet: the command
+reruns them.
 
 {head}
 {body}
@@ -181,19 +209,21 @@ def curve(spec: StudySpec, runs: pd.DataFrame, series: pd.DataFrame | None) -> s
         if rows.empty:
             lines.append(f"| `{cell.label}` | not run | | | | | | | |")
             continue
-        seeds = sorted(rows.seed.unique())
+        rows = rows.assign(run=run_keys(rows), checkpoint=checkpoints(rows))
+        seeds = sorted(rows.run.unique())
 
         def at(times: float, checkpoint: str, among=None) -> list[float]:
-            pick = rows[(rows.length == round(times * train)) & (rows.checkpoint.fillna("last") == checkpoint)]
-            return [float(pick[pick.seed == s].exact_match.iloc[0]) for s in (among or seeds) if (pick.seed == s).any()]
+            pick = rows[(rows.length == round(times * train)) & (rows.checkpoint == checkpoint)]
+            return [float(pick[pick.run == r].exact_match.iloc[0]) for r in (among or seeds) if (pick.run == r).any()]
 
-        fitted = [s for s, v in zip(seeds, at(1, "last")) if v >= FITS]  # only runs that fit say anything beyond
+        fit_at = {r: v for r in seeds for v in at(1, "last", [r])}
+        fitted = [r for r, v in fit_at.items() if v >= FITS]  # only runs that fit say anything beyond
         fit = len(fitted)
         solved = "/".join(str(sum(v >= FITS for v in at(2, c, fitted))) if fitted else "0" for c in ("last", "best"))
         tracked = "-"
         metric = f"track/len{2 * train}/exact"
         if series is not None and metric in series and fitted:
-            kept = series[(series.cell == cell.label) & series.seed.isin(fitted)]
+            kept = series[(series.cell == cell.label) & run_keys(series).isin(fitted)]
             mean = kept.groupby("step")[metric].mean().dropna()
             if not mean.empty:
                 tracked = f"{mean.max():.2f} ({int(mean.idxmax()):,}) / {mean.iloc[-1]:.2f}"
@@ -202,6 +232,17 @@ def curve(spec: StudySpec, runs: pd.DataFrame, series: pd.DataFrame | None) -> s
         lines.append(f"| `{cell.label}` | {fit}/{len(seeds)} | " + " | ".join(cells) + f" | {solved} of {len(seeds)} | "
                      f"{tracked} |")
     return "\n".join(lines)
+
+
+def run_keys(rows: pd.DataFrame) -> pd.Series:
+    """A run of pooled studies: its study and seed (two studies of one spec hold other seeds)."""
+    study = rows.study.astype(str) if "study" in rows else pd.Series("", index=rows.index)
+    return study + "#" + rows.seed.astype(int).astype(str)
+
+
+def checkpoints(rows: pd.DataFrame) -> pd.Series:
+    """Which checkpoint a row measured: `last` where the study kept no other."""
+    return rows.checkpoint.fillna("last") if "checkpoint" in rows else pd.Series("last", index=rows.index)
 
 
 def write_curve(name: str, page: Path) -> None:
@@ -228,7 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme and not args.docs:
         p.error("--readme: needs --docs (the README shows the page's rows)")
     for folder in args.add:
-        print(f"runs: {add_study(folder).relative_to(ROOT)}")
+        try:
+            print(f"runs: {add_study(folder).relative_to(ROOT)}")
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.curve:
         write_curve(args.curve, Path(args.page or "docs/coupling.md"))
         print(f"curve: {args.curve} in {args.page or 'docs/coupling.md'}")

@@ -226,17 +226,37 @@ def test_the_results_page_row_of_a_claim_counts_the_runs_that_fit_and_extrapolat
     runs = results(spec, {"coupled": [0.97, 1.0, 0.5], "random_shift": [0] * 3},
                    fit={"coupled": [1.0, 1.0, 0.9], "random_shift": [1.0] * 3}).assign(study="a")
     row = results_page.claim_row(spec, spec.claims[0], runs)
-    assert row["verdict"] == "**holds**" and row["fit"] == "2/3" and row["extrapolate"] == "2/3", row
-    assert row["2x"].startswith("0.82 [0.50-1.00]") and row["published"] == "a paper: 1.00"
+    assert row["verdict"] == "**holds**" and row["fit"] == "2/3" and row["extrapolate"] == "2/2", row
+    # the figure is over the runs that fit: the third (0.5 beyond) did not, and says nothing
+    assert row["2x"].startswith("0.98 [0.97-1.00] (") and row["published"] == "a paper: 1.00", row
     assert results_page.claim_row(spec, spec.claims[0], None)["verdict"] == "not run here"
+    unfit = results(spec, {"coupled": [0.0, 0.2, 0.4], "random_shift": [0] * 3},
+                    fit={"coupled": [0.5] * 3, "random_shift": [1.0] * 3}).assign(study="a")
+    row = results_page.claim_row(spec, spec.claims[0], unfit)  # none fit: every run's figure, marked
+    assert row["2x"].startswith("0.20 [0.00-0.40] (exact_match, ") and row["2x"].endswith("; no run fit)"), row
+    assert row["fit"] == "0/3" and row["extrapolate"] == "0/0", row
     # a comparison's row counts its baseline's runs that fit too: an inconclusive row says why
     spec = spec_with()
-    runs = results(spec, {"coupled": [1.0] * 3, "random_shift": [0.5] * 3},
+    runs = results(spec, {"coupled": [1.0] * 3, "random_shift": [0.5, 0.5, 0.25]},
                    fit={"coupled": [1.0] * 3, "random_shift": [0.9, 0.9, 1.0]}).assign(study="a")
     row = results_page.claim_row(spec, spec.claims[0], runs)
     assert row["verdict"] == "**inconclusive**" and row["fit"] == "3/3 (baseline 1/3)", row
-    # and shows its baseline's figure beside the cell's, over every seed
-    assert row["2x"].startswith("1.00 against 0.50 ("), row
+    # and shows its baseline's figure beside the cell's, over the baseline's runs that fit
+    assert row["2x"].startswith("1.00 against 0.25 ("), row
+
+
+def test_a_seed_is_added_to_the_committed_runs_once():
+    """The judge keys runs by (study, seed): a study on a seed another committed study holds is refused
+    (it would count twice); the same study added again replaces its rows."""
+    from study.results_page import beside
+
+    old = pd.DataFrame({"study": ["a/x", "a/x", "b/x"], "seed": [0, 1, 2], "exact_match": [1.0, 0.5, 0.0]})
+    again = beside(old, pd.DataFrame({"seed": [0, 1], "exact_match": [0.9, 0.9]}).assign(study="a/x"), "a/x", "runs.csv")
+    assert sorted(again.seed) == [0, 1, 2] and again[again.study == "a/x"].exact_match.tolist() == [0.9, 0.9]
+    more = beside(old, pd.DataFrame({"seed": [3], "exact_match": [1.0]}).assign(study="c/x"), "c/x", "runs.csv")
+    assert sorted(more.seed) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"--add: c/x: seed 2 is already in runs.csv \(study b/x\)"):
+        beside(old, pd.DataFrame({"seed": [2, 3], "exact_match": [1.0, 1.0]}).assign(study="c/x"), "c/x", "runs.csv")
 
 
 def test_a_runs_own_metric_is_judged_against_a_bound_on_every_run():
@@ -265,3 +285,22 @@ def test_a_part_run_on_other_seeds_is_added_to_its_experiments_committed_runs():
     other = copy.deepcopy(data)
     other["base"]["optim"]["steps"] = 8000
     assert results_page.experiment_of(StudySpec.model_validate({**other, "name": "mine"})) == "mine"
+
+
+def test_a_curve_reads_each_run_beyond_training_only_where_that_run_fit():
+    """docs/coupling.md's curve: a run with no row at its train length is not taken for the next run,
+    and runs are told apart by study and seed."""
+    from study import results_page
+    from study.spec.schema import load_spec
+
+    spec = load_spec(str(ROOT / "search_spaces" / "experiments" / "coupling_train_range_16k.yaml"))
+    cell = spec.cells()[0]
+    train = spec.checked_config(cell).task_instance.train_length
+    rows = []
+    for study, seed, fit, beyond in (("a/x", 0, None, 0.1), ("a/x", 1, 1.0, 0.9), ("b/x", 2, 0.5, 0.3)):
+        for times, exact in ((1, fit), (2, beyond), (3, beyond)):
+            if exact is not None:
+                rows.append({"study": study, "seed": seed, "cell": cell.label, "status": "TERMINATED",
+                             "length": times * train, "checkpoint": "last", "exact_match": exact})
+    line = results_page.curve(spec, pd.DataFrame(rows), None).splitlines()[2]
+    assert line.startswith(f"| `{cell.label}` | 1/3 | 0.75 [0.50-1.00] | 0.90 | "), line
