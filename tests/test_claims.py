@@ -304,3 +304,24 @@ def test_a_curve_reads_each_run_beyond_training_only_where_that_run_fit():
                              "length": times * train, "checkpoint": "last", "exact_match": exact})
     line = results_page.curve(spec, pd.DataFrame(rows), None).splitlines()[2]
     assert line.startswith(f"| `{cell.label}` | 1/3 | 0.75 [0.50-1.00] | 0.90 | "), line
+
+
+def test_a_baseline_at_a_k_beyond_training_is_read_for_its_fit_at_the_k_it_trained_on():
+    """T1 compares k_test 2 with k_test 4 on a model trained on at most 2 planted bits: k_test 4 is
+    beyond its training at any length, so whether the run fits is read at k 2, where it trained."""
+    from study.spec.schema import load_spec
+
+    data = load_spec(str(ROOT / "search_spaces" / "default.yaml")).model_dump(mode="json")
+    spec = StudySpec.model_validate({**data, "search": None, "replicas": 2})
+    claim = spec.claims[0]
+    cell = spec.claim_cells(claim)[0]
+    cfg = spec.checked_config(cell)
+    train = cfg.task_instance.train_length
+    rows = []
+    for seed in (0, 1):
+        common = {"trial_id": f"t{seed}", "cell": cell.label, "seed": seed, "status": "TERMINATED", "role": "search",
+                  "ids": cfg.positional.scheme.own_ids, "n": 256}
+        for length, k, exact in ((train, 2, 1.0), (train, 4, 0.3), (2 * train, 2, 1.0), (2 * train, 4, 0.5)):
+            rows.append({**common, "length": length, "k": k, "exact_match": exact, "answer_acc": exact})
+    verdict = judge(spec, pd.DataFrame(rows))[0]
+    assert verdict.verdict == "holds" and "runs fit 2/2 and 2/2 (baseline)" in verdict.line, verdict.line

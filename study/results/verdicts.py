@@ -99,6 +99,8 @@ def run_points(spec: StudySpec, cell: Cell, claim: ClaimSpec, k: int | None,
     cfg = spec.checked_config(cell)
     task = cfg.task_instance
     k = k if k is not None else (task.train_k if task.uses_k else None)
+    # a run fits in distribution: at a k_test beyond the k it trained on, its fit is read at that k
+    fit_k = min(k, task.train_k) if k is not None and task.uses_k else k
     test_at = claim.times * task.train_length
     if results.empty or "cell" not in results:
         return {}
@@ -113,13 +115,13 @@ def run_points(spec: StudySpec, cell: Cell, claim: ClaimSpec, k: int | None,
                 points = points[points.checkpoint.fillna("last") == claim.checkpoint]
             elif claim.checkpoint != "last":
                 points = points.iloc[0:0]
-            if k is not None and "k" in points:
-                points = points[points.k == k]
             key = (study, int(run.seed.iloc[0]))
             if not held_out(claim, key[1]):
                 continue
-            inside = points[points.length <= task.train_length]
-            beyond = points[points.length >= test_at - 1e-9].sort_values("length")
+            inside = _at_k(points, fit_k)
+            inside = inside[inside.length <= task.train_length]
+            beyond = _at_k(points, k)
+            beyond = beyond[beyond.length >= test_at - 1e-9].sort_values("length")
             if inside.empty or beyond.empty or pd.isna(beyond[claim.metric].iloc[0]) or "n" not in beyond:
                 out[key] = f"not evaluated at {'the train length' if inside.empty else f'{claim.times:g}x'}"
                 continue
@@ -128,6 +130,10 @@ def run_points(spec: StudySpec, cell: Cell, claim: ClaimSpec, k: int | None,
             out[key] = RunPoint(fit_exact >= FITS, fit_exact, float(first[claim.metric]), int(first["n"]),
                                 int(first.length))
     return out
+
+
+def _at_k(points: pd.DataFrame, k: int | None) -> pd.DataFrame:
+    return points[points.k == k] if k is not None and "k" in points else points
 
 
 def _runs(spec: StudySpec, cell_rows: pd.DataFrame):
