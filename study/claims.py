@@ -55,6 +55,18 @@ def pooled_results(specs: list[StudySpec], frames: list[pd.DataFrame], names: li
     return pd.concat([f.assign(study=name) for f, name in zip(frames, names)], ignore_index=True)
 
 
+def same_claims(specs: list[StudySpec], names: list[str]) -> None:
+    """ValueError where the studies state other claims (one run before a claim was added to its spec):
+    judged on the first study's, the verdicts would hang on the order the studies are named in."""
+    first = [c.model_dump() for c in specs[0].claims]
+    for spec, name in zip(specs[1:], names[1:]):
+        if [c.model_dump() for c in spec.claims] != first:
+            mine, theirs = {c.name for c in specs[0].claims}, {c.name for c in spec.claims}
+            which = ", ".join(sorted(mine ^ theirs)) or "the same names, stated otherwise"
+            raise ValueError(f"{name}: states other claims than {names[0]} ({which}); give --space with the "
+                             "spec whose claims to judge")
+
+
 def with_claims_of(spec: StudySpec, space: str) -> StudySpec:
     """The stored spec with the claims of the spec file `space`, whose cells must be the stored ones."""
     from study.spec.schema import load_spec
@@ -84,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                 spec, results, _where, _folder = read_study(source, args.mlflow_uri, into, args.recorder)
                 specs.append(spec)
                 frames.append(results)
+            if not args.space:
+                same_claims(specs, args.studies)
             spec = with_claims_of(specs[0], args.space) if args.space else specs[0]
             results = pooled_results(specs, frames, args.studies)
         except SystemExit as e:  # read_study's one-line errors

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from study.claims import pooled_results
+from study.claims import pooled_results, same_claims
 from study.results.intervals import newcombe, wilson
 from study.results.verdicts import judge
 from study.spec.schema import StudySpec
@@ -325,3 +325,17 @@ def test_a_baseline_at_a_k_beyond_training_is_read_for_its_fit_at_the_k_it_train
             rows.append({**common, "length": length, "k": k, "exact_match": exact, "answer_acc": exact})
     verdict = judge(spec, pd.DataFrame(rows))[0]
     assert verdict.verdict == "holds" and "runs fit 2/2 and 2/2 (baseline)" in verdict.line, verdict.line
+
+
+def test_studies_that_state_other_claims_are_judged_only_with_the_claims_named():
+    """A study run before a claim was added to its spec stores fewer claims: pooled with a later one,
+    which claims are judged must not hang on the order the studies are named in."""
+    one, two = spec_with(), spec_with(seed=1)
+    same_claims([one, two], ["a", "b"])  # the same claims: nothing to say
+    later = spec_with(claims=[*SPEC["claims"], {**SPEC["claims"][0], "name": "added_later", "effect": 0.2}])
+    for order in ([one, later], [later, one]):
+        with pytest.raises(ValueError, match=r"states other claims than .* \(added_later\); give --space"):
+            same_claims(order, ["first", "second"])
+    stricter = spec_with(claims=[{**SPEC["claims"][0], "effect": 0.3}])
+    with pytest.raises(ValueError, match="stated otherwise"):
+        same_claims([one, stricter], ["a", "b"])
