@@ -177,7 +177,7 @@ Every claim an experiment spec states (search_spaces/experiments/), judged by th
 committed runs (docs/statistics.md): a comparison **holds** when, on every seed where both cells fit
 in distribution (exact >= {FITS}) and on at least two, Newcombe's 95% interval of the difference is
 above 0 and its point estimate reaches the claim's effect; a bound holds when every run that fit
-reaches it. A claim whose cells did not fit on two seeds is **inconclusive**: such a run says
+reaches it, on at least two. A claim whose cells did not fit on two seeds is **inconclusive**: such a run says
 nothing about its scheme. **fails** says the claim was not shown on those seeds, not that its
 opposite was: where both cells score near 0 (or near chance), the test cannot tell them apart.
 Figures are the claim's metric (exact match of the whole output unless it says otherwise) at its
