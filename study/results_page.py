@@ -197,24 +197,25 @@ reruns them.
 def curve(spec: StudySpec, runs: pd.DataFrame, series: pd.DataFrame | None) -> str:
     """Exact match at 1x each cell's train length over all its seeds, and at 2x and 3x (last and best
     checkpoint) over the seeds that fit (>= FITS at 1x), mean [min-max]; the runs that fit and that
-    reach 0.95 at 2x; and (from the series) the tracked teacher-forced exact match at 2x of the runs
-    that fit: its peak and last, mean over them."""
+    reach 0.95 at 2x; the answer alone (its end token not counted) at 2x and 3x, last checkpoint; and
+    (from the series) the tracked teacher-forced exact match at 2x of the runs that fit: its peak and
+    last, mean over them."""
     head = ("| cell | runs fit | 1x (all runs) | 2x, last | 2x, best | 3x, last | 3x, best | >= 0.95 at 2x (last / best) | "
-            "tracked at 2x: peak (step) / last |\n|---|---|---|---|---|---|---|---|---|")
+            "answer right at 2x / 3x, last | tracked at 2x: peak (step) / last |\n|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for cell in spec.cells():
         cfg = spec.checked_config(cell)
         train = cfg.task_instance.train_length
         rows = runs[(runs.cell == cell.label) & (runs.status == "TERMINATED")]
         if rows.empty:
-            lines.append(f"| `{cell.label}` | not run | | | | | | | |")
+            lines.append(f"| `{cell.label}` | not run | | | | | | | | |")
             continue
         rows = rows.assign(run=run_keys(rows), checkpoint=checkpoints(rows))
         seeds = sorted(rows.run.unique())
 
-        def at(times: float, checkpoint: str, among=None) -> list[float]:
+        def at(times: float, checkpoint: str, among=None, metric: str = "exact_match") -> list[float]:
             pick = rows[(rows.length == round(times * train)) & (rows.checkpoint == checkpoint)]
-            return [float(pick[pick.run == r].exact_match.iloc[0]) for r in (among or seeds) if (pick.run == r).any()]
+            return [float(pick[pick.run == r][metric].iloc[0]) for r in (among or seeds) if (pick.run == r).any()]
 
         fit_at = {r: v for r in seeds for v in at(1, "last", [r])}
         fitted = [r for r, v in fit_at.items() if v >= FITS]  # only runs that fit say anything beyond
@@ -229,8 +230,10 @@ def curve(spec: StudySpec, runs: pd.DataFrame, series: pd.DataFrame | None) -> s
                 tracked = f"{mean.max():.2f} ({int(mean.idxmax()):,}) / {mean.iloc[-1]:.2f}"
         cells = [runs_text(at(1, "last"))] + [runs_text(at(t, c, fitted)) if fitted else "-"
                                                 for t, c in ((2, "last"), (2, "best"), (3, "last"), (3, "best"))]
+        answer = " / ".join(runs_text(at(t, "last", fitted, "answer_acc")) for t in (2, 3)) \
+            if fitted and "answer_acc" in rows else "-"
         lines.append(f"| `{cell.label}` | {fit}/{len(seeds)} | " + " | ".join(cells) + f" | {solved} of {len(seeds)} | "
-                     f"{tracked} |")
+                     f"{answer} | {tracked} |")
     return "\n".join(lines)
 
 
