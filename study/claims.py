@@ -45,14 +45,23 @@ def pooled_results(specs: list[StudySpec], frames: list[pd.DataFrame], names: li
         if differ:
             raise ValueError(f"{name}: not the spec of {names[0]} (it differs in {', '.join(differ[:6])}); "
                              "only studies of one spec, on other seeds, are pooled")
+    shared = shared_seed(frames, names)
+    if shared:
+        name, seed, held = shared
+        raise ValueError(f"{name}: seed {seed} is also {held}'s; one spec and seed give the same runs, "
+                         "so only studies on other seeds are pooled")
+    return pd.concat([f.assign(study=name) for f, name in zip(frames, names)], ignore_index=True)
+
+
+def shared_seed(frames: list[pd.DataFrame], names: list[str]) -> tuple[str, int, str] | None:
+    """(study, seed, the earlier study holding it) for the first seed two studies share, else None."""
     seen: dict[int, str] = {}
     for frame, name in zip(frames, names):
         for seed in sorted(set(frame.seed.dropna().astype(int))):
             if seed in seen:
-                raise ValueError(f"{name}: seed {seed} is also {seen[seed]}'s; one spec and seed give the same runs, "
-                                 "so only studies on other seeds are pooled")
+                return name, seed, seen[seed]
             seen[seed] = name
-    return pd.concat([f.assign(study=name) for f, name in zip(frames, names)], ignore_index=True)
+    return None
 
 
 def same_claims(specs: list[StudySpec], names: list[str]) -> None:

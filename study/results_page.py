@@ -76,12 +76,14 @@ def beside(old: pd.DataFrame | None, rows: pd.DataFrame, study: str, where: str)
     and seed give the same runs, so a seed added twice would count as two."""
     if old is None:
         return rows
+    from study.claims import shared_seed
+
     others = old[old.study != study]
-    shared = sorted(set(rows.seed.dropna().astype(int)) & set(others.seed.dropna().astype(int)))
+    held = [others[others.study == s] for s in others.study.unique()]
+    shared = shared_seed([*held, rows], [*others.study.unique(), study])
     if shared:
-        held = others[others.seed == shared[0]].study.iloc[0]
-        raise ValueError(f"--add: {study}: seed {shared[0]} is already in {where} (study {held}); each seed "
-                         "of a spec is added once")
+        raise ValueError(f"--add: {shared[0]}: seed {shared[1]} is already in {where} (study {shared[2]}); each "
+                         "seed of a spec is added once")
     return pd.concat([others, rows], ignore_index=True)
 
 
