@@ -570,14 +570,12 @@ def cluster_nodes(dash: int, env: dict) -> list[dict]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-# FAKE_NODES_SHARE_A_DISK: fake_multinode runs every node out of the head's session dir, and Ray unpacks a job's working_dir
-# with overwrite=True (ray/_private/runtime_env/working_dir.py), so each new fake node deletes and
-# re-extracts the job's working dir in place: a process running in it loses its cwd (the driver's
-# final os.getcwd() in Tune fails; a trial starting during the re-extraction may fail once, hence
-# max_failures: 2). Real nodes have their own disks. So the driver runs from a stable cwd here; the
-# code is still the job's working_dir copy ($OLDPWD), and the trials still get it as working_dir.
-def from_stable_cwd(command: str) -> list[str]:
-    return ["bash", "-c", f'cd /tmp && exec {command}']  # FAKE_NODES_SHARE_A_DISK
+# fake_multinode runs every node out of the head's session dir, and Ray unpacks an uploaded working_dir
+# there with overwrite=True (ray/_private/runtime_env/working_dir.py): each new fake node would delete
+# and re-extract the job's code under the processes running in it, and a trial starting at that moment
+# dies before it runs. Real nodes have their own disks. The fake nodes share this one, so the job's
+# code is a `local://` working_dir, a folder already on every node, used in place and never unpacked.
+# The upload itself is tested by test_ray_job_submit_to_a_head_node.
 
 
 def test_local_autoscaling_rehearsal(tmp_path, s3):
@@ -593,9 +591,8 @@ def test_local_autoscaling_rehearsal(tmp_path, s3):
     # one report a trial, no sparsity meter
     spec["base"]["optim"]["steps"] = 20
     del spec["base"]["sparsity"]
-    # max_failures 2: see FAKE_NODES_SHARE_A_DISK
     spec["resources"] = {"workers_per_trial": 1, "cpus_per_worker": 1, "gpus_per_worker": 1,
-                         "max_concurrent_trials": 2, "max_failures": 2}
+                         "max_concurrent_trials": 2, "max_failures": 0}  # a retry would hide a failure
     (work / "search_spaces" / "smoke_gpu.yaml").write_text(yaml.safe_dump(spec))
 
     ray_tmp = tempfile.mkdtemp(prefix="rayf", dir="/tmp")  # short: Ray's socket paths are limited
@@ -625,9 +622,9 @@ def test_local_autoscaling_rehearsal(tmp_path, s3):
 
         t0 = time.time()
         out = subprocess.run(
-            [*ray_cli, "--working-dir", str(work), "--", *from_stable_cwd(
-                'python "$OLDPWD/study/run.py" --space "$OLDPWD/search_spaces/smoke_gpu.yaml" '
-                f"--storage {storage} --mlflow-uri sqlite:///{db}")],
+            [*ray_cli, "--runtime-env-json", json.dumps({"working_dir": f"local://{work}"}), "--",
+             "python", "study/run.py", "--space", "search_spaces/smoke_gpu.yaml",
+             "--storage", storage, "--mlflow-uri", f"sqlite:///{db}"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
         )
         timings["study"] = time.time() - t0
