@@ -10,7 +10,7 @@ Start a scratch server yourself (PGPASSWORD in its environment), then point the 
 A new experiment there is filled as study/record/mlflow/recorder.py fills one (synthetic_study), or
 copied from a real study's SQLite store (sqlite_study); the page is dumped as opened, sorted and
 filtered (page_figures) and clicked through (browse_figures). The keys under "mlflow_ui" in the JSON,
-and the figures: docs/cluster.md. tests/test_mlflow_ui_benchmark.py starts PostgreSQL and a server.
+and the figures: docs/cluster.md. tests/test_mlflow_postgres.py starts PostgreSQL and a server.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def test_no_module_imports_itself_back():
 def test_no_package_imports_the_tests():
     """tests/ (its support code included: tests/support/, the servers the tests start) sits above every
     layer: a benchmark measures what it is given, and the tests start it (benchmarks/mlflow_ui.py's
-    `--tracking-uri`, tests/test_mlflow_ui_benchmark.py)."""
+    `--tracking-uri`, tests/test_mlflow_postgres.py)."""
     found = []
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):

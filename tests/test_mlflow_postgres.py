@@ -11,6 +11,7 @@ installed or started here (apt-get failing; root with no unprivileged user to ru
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import bucket_keys, debian_package
+from test_report import chromium
 
 from tests.support.postgres import (
     PostgresUnavailable,
@@ -166,3 +168,52 @@ def test_a_study_records_into_postgresql_and_the_bucket_and_is_read_back(tmp_pat
     assert (tmp_path / "report" / "results.csv").read_bytes() == study_csv
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "report" / "summary.csv"),
                                   pd.read_csv(storage / "smoke" / "summary.csv"))
+
+
+# --- the runs page at a tiny scale (benchmarks/mlflow_ui.py), on the same server ---------------------
+N = 30
+
+
+def test_the_runs_page_of_a_study_in_postgresql_shows_its_child_runs(tmp_path, mlflow_pg_server):
+    """benchmarks/mlflow_ui.py at a tiny size, on the server above: a study of N trials read back with
+    search_runs and on the runs page in headless Chromium. The page lists the study's run with its
+    children nested under it, collapsed; sorted by a metric, or with the study's run expanded, it
+    shows the children by name."""
+    chromium()
+    server, described = mlflow_pg_server, ("mlflow server --workers 1, backend postgresql+psycopg2 on "
+                                           "127.0.0.1, artifacts in a bucket")
+    out = tmp_path / "ui.json"
+    run = subprocess.run([sys.executable, "-m", "benchmarks.mlflow_ui", "--tracking-uri", server["url"],
+                          "--server", described, "--runs", str(N), "--repeats", "1", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    r = json.loads(out.read_text())["mlflow_ui"]
+    assert (r["children"], r["runs"], r["source"]) == (N, N + 1, "synthetic")
+    # the server it was given, described as the caller described it; an experiment of its own there
+    assert (r["tracking_uri"], r["server"]) == (server["url"], described)
+    assert r["server_mlflow"] == r["mlflow"] and r["experiment"].startswith("scale-mlflow_ui-"), r
+    # the shape of a run of the default study: the tracker's params, tags and metrics
+    assert r["params_per_child"] >= 20 and r["tags_per_child"] >= 13 and r["metric_keys_per_child"] >= 60
+
+    # the API: every run, in pages of 1000 and of 100; the parent's children by their tag
+    assert r["search_runs_runs"] == r["search_runs_page100_runs"] == N + 1
+    assert r["children_search_runs"] == N
+
+    # the page as opened: every run loaded ("31 matching runs"), the study's row, its children collapsed
+    assert r["page_matching_runs"] == N + 1 and r["page_parent_row"], r
+    assert r["page_child_rows"] == 0 and r["page_child_names"] == 0 and not r["page_load_more"], r
+    # sorted by a metric the table is flat: every child, by name
+    assert r["sorted_matching_runs"] == N + 1 and r["sorted_child_rows"] == r["sorted_child_names"] == N, r
+    # clicked through: expanding the study's run shows its children; nothing left to load
+    assert "browse_error" not in r, r["browse_error"]
+    assert r["browse_open_matching_runs"] == N + 1 and r["browse_open_child_rows"] == 0
+    assert r["browse_expanded_child_rows"] == N and r["browse_load_more_clicks"] == 0
+    assert r["browse_all_matching_runs"] == N + 1
+
+    # the figures are times, and sane ones
+    for key in ("fill_s", "search_runs_s", "search_runs_page100_s", "search_runs_first_page100_s",
+                "children_search_s", "page_wall_s", "sorted_wall_s", "filtered_wall_s", "browse_open_s",
+                "browse_to_every_run_s"):
+        assert 0 < r[key] < 120, (key, r[key])
+    assert r["browse_open_s"] <= r["browse_to_every_run_s"]
+    assert "matching runs" in run.stdout and "search_runs" in run.stdout

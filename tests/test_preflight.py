@@ -1,56 +1,18 @@
-"""Security and environment, with real processes: `local` means the loopback-only embedded Ray in any
-spelling, a `file:` storage URI is the folder it names, and a checkpoint found through an MLflow tag
-is read as weights only (a pickle in it runs no code). The refusals of bad flags are in the fuzz
-corpus (tests/test_validation_fuzz.py)."""
+"""Security with real processes: a checkpoint found through an MLflow tag is read as weights only (a
+pickle in it runs no code). That the embedded Ray listens on 127.0.0.1 only, and a `file:` storage
+URI is the folder it names: tests/test_study.py (the study beside another Ray). The refusals of bad
+flags, and `local` in any spelling: tests/test_validation_fuzz.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from test_study import ENV, ROOT, RUN, is_loopback, main_in_process, sample_listeners, write_spec
-
-
-# --- local means loopback ---------------------------------------------------------------------------
-@pytest.mark.slow
-def test_ray_address_local_is_the_loopback_embedded_ray_and_a_file_uri_a_folder(tmp_path):
-    """A local study listens on 127.0.0.1 only: Ray's daemons, the driver and the trials. RAY_ADDRESS=local
-    (here ' Local ') once joined "a cluster at local": Ray started without the loopback switch and
-    listened on the LAN address. And `--storage file:///new/dir` was a bucket URI whose probe could not
-    be written in a folder that did not exist yet."""
-    spec = write_spec(tmp_path, **{"name": "local_spelling", "search/trials_per_cell": 1, "base/optim/steps": 40})
-    storage = tmp_path / "new" / "dir"
-    env = {**ENV, "RAY_ADDRESS": " Local "}
-    with (tmp_path / "out").open("w+") as log:
-        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", f"file://{storage}"], cwd=ROOT, env=env,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            seen = sample_listeners(proc, timeout=600)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.seek(0)
-        out = log.read()
-    assert proc.returncode == 0, out[-5000:]
-    ray_line = next(line for line in out.splitlines() if line.startswith("ray: "))
-    assert ray_line.startswith("ray: embedded local Ray on 127.0.0.1"), ray_line
-    labels = " ".join(label for label, _, _ in seen)
-    # sampled while it ran: Ray's daemons, the driver and the trials (their gloo groups listen)
-    for owner in ("gcs_server", "raylet", "DashboardAgent", "ImplicitFunc", "study/run.py"):
-        assert owner in labels, (owner, seen)
-    exposed = sorted((label, ip, port) for label, ip, port in seen if not is_loopback(ip))
-    assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
-    # the file: URI is the folder: the study and its default MLflow store are in it
-    assert (storage / "local_spelling" / "results.csv").is_file() and (storage / "mlflow.db").is_file()
-    assert not (ROOT / "studies" / "local_spelling").exists()
-
+from test_study import ROOT, main_in_process
 
 # --- checkpoints are weights, not programs ------------------------------------------------------------
 MARKER_CODE = "open({path!r}, 'w').write('pwned')"

@@ -563,9 +563,12 @@ def test_ray_job_submit_to_a_head_node(tmp_path):
 
 
 # --- local means local ---------------------------------------------------------------------------
-def test_the_embedded_study_starts_its_own_ray_beside_another(tmp_path):
+def test_the_embedded_study_starts_its_own_ray_beside_another_on_the_loopback_only(tmp_path):
     """A bare `ray.init()` attaches to the last `ray start` cluster of the machine (the address file
-    in Ray's temp dir): a laptop study would silently run on someone else's Ray."""
+    in Ray's temp dir): a laptop study would silently run on someone else's Ray. Its own Ray listens on
+    127.0.0.1 only: Ray's daemons, the driver and the trials (their gloo groups). And `--storage
+    file:///new/dir` is that folder (a bucket URI's probe once failed in a folder not made yet). The
+    spellings of RAY_ADDRESS=local: tests/test_validation_fuzz.py."""
     ray_tmp = tempfile.mkdtemp(prefix="rayo", dir="/tmp")
     # the other Ray and the study share Ray's default temp dir, as on a laptop: the other's address
     # file is where a bare ray.init() of the study would look
@@ -574,6 +577,7 @@ def test_the_embedded_study_starts_its_own_ray_beside_another(tmp_path):
     home = tmp_path / "home"
     env.update(HOME=str(home), XDG_CACHE_HOME=os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")))
     head = start_head(env, tmp_path, None, "--num-cpus=1")
+    storage = tmp_path / "new" / "dir"
     try:
         address_file = Path(ray_tmp) / "ray" / "ray_current_cluster"
         deadline = time.time() + 120
@@ -583,10 +587,20 @@ def test_the_embedded_study_starts_its_own_ray_beside_another(tmp_path):
         other = address_file.read_text().strip()
         assert other.endswith(f":{head.ports['port']}")
 
-        spec = write_spec(tmp_path, **{"name": "beside", "search/trials_per_cell": 1, "base/optim/steps": 20})
-        out = run(["--space", str(spec), "--storage", str(tmp_path / "studies")], env=env)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        ray_line = next(line for line in out.stdout.splitlines() if line.startswith("ray: "))
+        spec = write_spec(tmp_path, **{"name": "beside", "search/trials_per_cell": 1, "base/optim/steps": 40})
+        with (tmp_path / "out").open("w+") as log:
+            proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", f"file://{storage}"], cwd=ROOT,
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                seen = sample_listeners(proc, timeout=600)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.seek(0)
+            out = log.read()
+        assert proc.returncode == 0, out[-5000:]
+        ray_line = next(line for line in out.splitlines() if line.startswith("ray: "))
         assert ray_line.startswith("ray: embedded local Ray on 127.0.0.1") and other not in ray_line, ray_line
         # and the other cluster never saw a driver
         jobs = subprocess.run([sys.executable, "-c", JOBS, head.dashboard], env=env, capture_output=True,
@@ -595,7 +609,15 @@ def test_the_embedded_study_starts_its_own_ray_beside_another(tmp_path):
         assert json.loads(jobs.stdout.strip().splitlines()[-1]) == []
     finally:
         stop_ray_started_here(head, ray_tmp)
-    assert pd.read_csv(tmp_path / "studies" / "beside" / "results.csv").trial_id.nunique() == 2
+    labels = " ".join(label for label, _, _ in seen)
+    # sampled while it ran: Ray's daemons, the driver and the trials (their gloo groups listen)
+    for owner in ("gcs_server", "raylet", "DashboardAgent", "ImplicitFunc", "study/run.py"):
+        assert owner in labels, (owner, seen)
+    exposed = sorted((label, ip, port) for label, ip, port in seen if not is_loopback(ip))
+    assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
+    # the file: URI is the folder: the study and its default MLflow store are in it
+    assert pd.read_csv(storage / "beside" / "results.csv").trial_id.nunique() == 2
+    assert (storage / "mlflow.db").is_file() and not (ROOT / "studies" / "beside").exists()
     assert not (home / ".ray").exists(), "Ray wrote to the user's home"
 
 

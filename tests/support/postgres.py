@@ -1,7 +1,7 @@
 """A real PostgreSQL server on 127.0.0.1 and an `mlflow server` on it, for the tests that need a
 tracking server like a cluster's (docs/cluster.md, "A record that outlives the cluster"):
-tests/test_mlflow_postgres.py records a study into it, and tests/test_mlflow_ui_benchmark.py points
-benchmarks/mlflow_ui.py at it (`--tracking-uri`).
+tests/test_mlflow_postgres.py records a study into it and points benchmarks/mlflow_ui.py at the
+same server (`--tracking-uri`).
 
     with running_postgres() as pg, running_mlflow_server(backend_uri(pg), {**os.environ, **pg["env"]}) as server:
         MlflowClient(server["url"]) ...
