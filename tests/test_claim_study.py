@@ -70,11 +70,14 @@ def test_a_claim_study_judges_records_and_pools_its_claims(tmp_path, capsys):
     pooled_table = pd.read_csv(tmp_path / "pooled.csv")
     assert set(pooled_table[pooled_table.claim == "one_bit_extrapolates"].seed) == {0, 1, 7}
 
-    # another setup is not another seed: refused, naming the field
-    other = dict(SPEC, base={**SPEC["base"], "optim": {**SPEC["base"]["optim"], "steps": 60}})
-    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
-    out = subprocess.run([*RUN, "--space", str(tmp_path / "other.yaml"), "--storage", str(tmp_path / "c"),
-                          "--set", "replicas=1"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    code, _, err = cli_in_process(claims_cli.main, [str(folder), str(tmp_path / "c" / "claimed")], capsys)
+    # another setup is not another seed: refused, naming the field. Its record is study b's rows
+    # reported under a spec of 60 steps, as `python -m study.report` writes a report (what a study of
+    # that spec would store, bar the figures)
+    from study.results.tables import report_from_results
+    from study.spec.schema import StudySpec
+
+    other = StudySpec.model_validate(dict(SPEC, base={**SPEC["base"], "optim": {**SPEC["base"]["optim"], "steps": 60}},
+                                          seed=7, replicas=1))
+    report_from_results(other, pd.read_csv(tmp_path / "b" / "claimed" / "results.csv"), str(tmp_path / "c"))
+    code, _, err = cli_in_process(claims_cli.main, [str(folder), str(tmp_path / "c")], capsys)
     assert code == 2 and "base.optim.steps" in err, err
