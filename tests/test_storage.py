@@ -60,58 +60,15 @@ def test_storage_helpers_on_a_bucket(s3, tmp_path):
         storage.check_writable("s3://no-such-bucket/x")
 
 
-def test_smoke_study_on_a_bucket(s3, tmp_path, monkeypatch, capsys):
-    db = tmp_path / "ml.db"
-    uri = "s3://studies/team"
-    out = run(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", uri, "--mlflow-uri", f"sqlite:///{db}"],
-              env=env_of(s3), cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "\n  s3://studies/team/smoke/results.csv\n" in out.stdout
-    keys = bucket_keys(s3, "team/")
-    for name in ("results.csv", "summary.csv", "accuracy_vs_length.png", "sparsity_vs_extrapolation.png"):
-        assert f"team/smoke/{name}" in keys
-    assert any(k.startswith("team/smoke/tune/experiment_state") for k in keys)  # what --resume reads
-    assert any("/checkpoint_" in k for k in keys)  # the trials' DeepSpeed checkpoints
-    results = read_csv(s3, "team/smoke/results.csv")
-    assert results.trial_id.nunique() == 4 and len(results) == 4 * 3 * 2
-    assert not (tmp_path / "team").exists() and not (tmp_path / "s3:").exists()  # nothing local by mistake
-
-    # MLflow: the store is local SQLite, the artifacts are in the same bucket
-    client, parents, children = mlflow_runs(db, "smoke")
-    exp = client.get_experiment_by_name("smoke")
-    assert exp.artifact_location == "s3://studies/team/mlartifacts/smoke"
-    parent = parents[0].info.run_id
-    assert {f"team/mlartifacts/smoke/{parent}/artifacts/{n}" for n in ("results.csv", "summary.csv")} <= set(keys)
-    assert len(children) == 4
-    for c in children:
-        assert f"team/mlartifacts/smoke/{c.info.run_id}/artifacts/eval/records.csv" in keys
-        assert c.data.tags["checkpoint"].startswith("s3://studies/team/smoke/tune/")
-
-    # the analysis reads a trial's model from where it was stored (this process has the bucket's
-    # endpoint and keys: the s3 fixture)
-    from study import sparsity as sparsity_cli
-
-    monkeypatch.chdir(tmp_path)
-    code, _, err = cli_in_process(sparsity_cli.main, [
-        "--mlflow-run", children[0].info.run_id, "--mlflow-uri", f"sqlite:///{db}", "--targets", "6", "--k-max", "3",
-        "--out", str(tmp_path / "meter")], capsys)
-    assert code == 0, err[-3000:]
-    assert len(pd.read_csv(tmp_path / "meter" / "targets.csv")) == 6
-
-    # the same study again without --resume: refused, the record in the bucket untouched
-    before = s3["client"].head_object(Bucket="studies", Key="team/smoke/results.csv")["ETag"]
-    code, _, err = main_in_process(["--space", str(ROOT / "search_spaces/smoke.yaml"), "--storage", uri,
-                                    "--mlflow-uri", f"sqlite:///{db}"], monkeypatch, capsys)
-    assert code == 2 and "--resume" in err, err
-    assert s3["client"].head_object(Bucket="studies", Key="team/smoke/results.csv")["ETag"] == before
-
-
-def test_resume_after_the_driver_is_killed(s3, tmp_path):
+def test_a_study_on_a_bucket_killed_and_resumed(s3, tmp_path, monkeypatch, capsys):
     """The driver and the local Ray it started SIGKILLed mid-study, two trials side by side, the study
     in a bucket; `--resume` ends it: the study's MLflow run kept, no trial run twice, none that had
     finished rerun, the Optuna search continued (a fresh one would repeat its suggestions) and each
-    cell's replica run after it. A study in a folder killed and resumed: P6 (tests/test_scale_benchmark.py,
-    which counts the reruns) and tests/test_records.py's driver lock taken over."""
+    cell's replica run after it. What the study left is in the bucket (its report, Tune's state, the
+    checkpoints, MLflow's artifacts) and nothing beside it locally; an analysis reads a trial's model
+    from there; the same study again without --resume is refused, the record untouched. A study in a
+    folder killed and resumed: P6 (tests/test_scale_benchmark.py, which counts the reruns) and
+    tests/test_records.py's driver lock taken over."""
     spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 240, "base/eval/every_steps": 40,
                                    "search/trials_per_cell": 3, "replicas": 2, "base/sparsity": None,
                                    "resources/max_concurrent_trials": 2})  # killed with trials side by side
@@ -140,6 +97,40 @@ def test_resume_after_the_driver_is_killed(s3, tmp_path):
         rep = replicas[replicas.selected_from == row.trial_id]
         assert len(rep) == 1 and rep.seed.tolist() == [1] and row.seeds == 2
         assert rep["search.optim.lr"].iloc[0] == search[search.trial_id == row.trial_id]["search.optim.lr"].iloc[0]
+
+    # what it left is in the bucket, and nothing local by mistake
+    assert "\n  s3://studies/resume/resumable/results.csv\n" in out.stdout
+    keys = bucket_keys(s3, "resume/")
+    for name in ("results.csv", "summary.csv", "selected.csv", "accuracy_vs_length.png"):
+        assert f"resume/resumable/{name}" in keys
+    assert any(k.startswith("resume/resumable/tune/experiment_state") for k in keys)  # what --resume reads
+    assert any("/checkpoint_" in k for k in keys)  # the trials' DeepSpeed checkpoints
+    assert not (tmp_path / "resume").exists() and not (tmp_path / "s3:").exists()
+    # MLflow: the store is local SQLite, the artifacts are in the same bucket
+    exp = client.get_experiment_by_name("resumable")
+    assert exp.artifact_location == "s3://studies/resume/mlartifacts/resumable"
+    parent = parents[0].info.run_id
+    assert {f"resume/mlartifacts/resumable/{parent}/artifacts/{n}" for n in ("results.csv", "summary.csv")} <= set(keys)
+    for c in children:
+        assert f"resume/mlartifacts/resumable/{c.info.run_id}/artifacts/eval/records.csv" in keys
+        assert c.data.tags["checkpoint"].startswith("s3://studies/resume/resumable/tune/")
+
+    # the analysis reads a trial's model from where it was stored (this process has the bucket's
+    # endpoint and keys: the s3 fixture)
+    from study import sparsity as sparsity_cli
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli_in_process(sparsity_cli.main, [
+        "--mlflow-run", children[0].info.run_id, "--mlflow-uri", f"sqlite:///{db}", "--targets", "6", "--k-max", "3",
+        "--out", str(tmp_path / "meter")], capsys)
+    assert code == 0, err[-3000:]
+    assert len(pd.read_csv(tmp_path / "meter" / "targets.csv")) == 6
+
+    # the same study again without --resume: refused, the record in the bucket untouched
+    before = s3["client"].head_object(Bucket="studies", Key="resume/resumable/results.csv")["ETag"]
+    code, _, err = main_in_process(args, monkeypatch, capsys)
+    assert code == 2 and "--resume" in err, err
+    assert s3["client"].head_object(Bucket="studies", Key="resume/resumable/results.csv")["ETag"] == before
 
 
 def test_a_resume_starts_from_the_last_complete_snapshot(s3, tmp_path):

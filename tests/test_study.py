@@ -371,7 +371,7 @@ def kill_when_finished(command: list[str], db: Path, env: dict, cwd: Path, trial
 
 
 # The driver killed mid-study and resumed, end to end: tests/test_storage.py's
-# test_resume_after_the_driver_is_killed, on a bucket (a folder: P6, tests/test_scale_benchmark.py).
+# test_a_study_on_a_bucket_killed_and_resumed, on a bucket (a folder: P6, tests/test_scale_benchmark.py).
 
 
 # --- a 2-worker ZeRO-2 trial --------------------------------------------------------------------
