@@ -62,11 +62,12 @@ def diverging_spec(tmp_path: Path, name: str = "records") -> Path:
     })
 
 
-def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_whole(tmp_path, capsys):
+def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_whole(tmp_path, monkeypatch,
+                                                                                       capsys):
     """Three studies of one name in one MLflow store: the first and third in one storage under a quote,
     in its default store (MLflow's filter strings take a literal's text between its quotes as it is: a
     quote in the study's location once ended a study, and its resume, in a traceback), the second in
-    another storage."""
+    another storage. The first is resumed: it holds to its stored spec and reruns no failed trial."""
     from study import report as report_cli
 
     spec = diverging_spec(tmp_path)
@@ -83,13 +84,39 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     for r in [*parents, *children]:
         assert r.info.artifact_uri.startswith(str(a / "mlartifacts")), r.info.artifact_uri
     assert client.list_artifacts(parents[0].info.run_id)  # results.csv and the rest
-    # a resume under the quote finds its own study's run again (and reruns nothing)
-    again = run(["--space", str(spec), "--storage", str(a), "--resume"])
+    # a resume holds to the stored spec: a change to what the trials are is refused, before Ray starts
+    record, results = record_of(db, "records"), (a / "records" / "results.csv").read_bytes()
+    raw = yaml.safe_load(spec.read_text())
+    for change, field in (({"grid": {"optim.lr": [0.003, 0.01]}}, "grid.optim.lr"),
+                          ({"objective": {"metric": "val_loss", "mode": "min"}}, "objective.metric"),
+                          ({"base": {**raw["base"], "optim": {**raw["base"]["optim"], "steps": 30}}},
+                           "base.optim.steps")):
+        changed = tmp_path / "changed.yaml"
+        changed.write_text(yaml.safe_dump({**raw, **change}))
+        # run.py's main in this process, a tripwire in place of Ray and the study
+        code, out, err = main_in_process(["--space", str(changed), "--storage", str(a), "--resume"],
+                                         monkeypatch, capsys)
+        assert code == 2 and field in err, err[-3000:]
+        assert "ray:" not in out  # refused before Ray started
+    assert record_of(db, "records") == record
+
+    # what a resume may change is how the rest runs; under the quote it finds its own study's run
+    # again, and the diverged trial is not run again
+    resumed_spec = tmp_path / "resumed.yaml"
+    resumed_spec.write_text(yaml.safe_dump({**raw, "description": "now described", "resources": {
+        **raw["resources"], "max_concurrent_trials": 1, "max_failures": 2}}))
+    again = run(["--space", str(resumed_spec), "--storage", str(a), "--resume"])
     assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "started " not in again.stdout
+    assert "started " not in again.stdout  # no trial ran again
     _, resumed, children = mlflow_runs(db, "records")
     assert [p.info.run_id for p in resumed] == [parents[0].info.run_id] and len(children) == 2
     before = record_of(db, "records")
+    kids = {rid: r for rid, r in before.items() if "mlflow.parentRunId" in r["tags"]}
+    assert set(before) == set(record) and sorted(r["status"] for r in kids.values()) == ["FAILED", "FINISHED"]
+    assert {rid: (r["metrics"], r["params"]) for rid, r in kids.items()} == \
+        {rid: (r["metrics"], r["params"]) for rid, r in record.items() if rid in kids}
+    pd.testing.assert_frame_equal(pd.read_csv(a / "records" / "results.csv"),
+                                  pd.read_csv(pd.io.common.BytesIO(results)))
 
     # the same spec in another storage, one MLflow store: a second study beside the first, in an
     # experiment of its own whose artifacts are under its own storage
@@ -133,46 +160,6 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     (folder / "results.csv").write_bytes(data[: len(data) // 2])
     code, _, err = cli_in_process(report_cli.main, report, capsys)  # an exception would fail this test
     assert code != 0 and "results.csv" in err and "interrupted" in err, err[-3000:]
-
-
-def test_resume_holds_to_the_stored_spec_and_reruns_no_failed_trial(tmp_path, monkeypatch, capsys):
-    spec = diverging_spec(tmp_path, "held")
-    storage = tmp_path / "studies"
-    db = storage / "mlflow.db"
-    first = run(["--space", str(spec), "--storage", str(storage)])
-    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
-    before = record_of(db, "held")
-    results = (storage / "held" / "results.csv").read_bytes()
-
-    raw = yaml.safe_load(spec.read_text())
-    for change, field in (({"grid": {"optim.lr": [0.003, 0.01]}}, "grid.optim.lr"),
-                          ({"objective": {"metric": "val_loss", "mode": "min"}}, "objective.metric"),
-                          ({"base": {**raw["base"], "optim": {**raw["base"]["optim"], "steps": 30}}},
-                           "base.optim.steps")):
-        changed = tmp_path / "changed.yaml"
-        changed.write_text(yaml.safe_dump({**raw, **change}))
-        # run.py's main in this process, a tripwire in place of Ray and the study
-        code, out, err = main_in_process(["--space", str(changed), "--storage", str(storage), "--resume"],
-                                         monkeypatch, capsys)
-        assert code == 2 and field in err, err[-3000:]
-        assert "ray:" not in out  # refused before Ray started
-    assert record_of(db, "held") == before
-
-    # what a resume may change: how the rest runs; and the diverged trial is not run again
-    raw["resources"] = {**raw["resources"], "max_concurrent_trials": 1, "max_failures": 2}
-    raw["description"] = "now described"
-    spec.write_text(yaml.safe_dump(raw))
-    again = run(["--space", str(spec), "--storage", str(storage), "--resume"])
-    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "started " not in again.stdout  # no trial ran again
-    after = record_of(db, "held")
-    children = {rid: r for rid, r in after.items() if "mlflow.parentRunId" in r["tags"]}
-    assert set(after) == set(before) and sorted(r["status"] for r in children.values()) == ["FAILED", "FINISHED"]
-    assert {rid: (r["metrics"], r["params"]) for rid, r in children.items()} == \
-        {rid: (r["metrics"], r["params"]) for rid, r in before.items() if rid in children}
-    new = pd.read_csv(storage / "held" / "results.csv")
-    old = pd.read_csv(pd.io.common.BytesIO(results))
-    pd.testing.assert_frame_equal(new, old)
 
 
 def test_asha_runs_accounts_for_every_trial_and_selects_a_finished_one(tmp_path):
