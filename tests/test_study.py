@@ -375,10 +375,11 @@ def kill_when_finished(command: list[str], db: Path, env: dict, cwd: Path, trial
 
 
 # --- a 2-worker ZeRO-2 trial --------------------------------------------------------------------
-def run_sampling_listeners(spec, storage, log_path) -> set[tuple[str, str, int]]:
-    """Run the study to the end (exit 0 asserted) while sampling its process tree's listeners."""
+def run_sampling_listeners(spec, storage, log_path, env=ENV) -> set[tuple[str, str, int]]:
+    """Run the study to the end (exit 0 asserted; its output in log_path) while sampling its process
+    tree's listeners."""
     with open(log_path, "w+") as log:
-        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=ENV,
+        proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             seen = sample_listeners(proc, timeout=600)
@@ -588,18 +589,8 @@ def test_the_embedded_study_starts_its_own_ray_beside_another_on_the_loopback_on
         assert other.endswith(f":{head.ports['port']}")
 
         spec = write_spec(tmp_path, **{"name": "beside", "search/trials_per_cell": 1, "base/optim/steps": 40})
-        with (tmp_path / "out").open("w+") as log:
-            proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", f"file://{storage}"], cwd=ROOT,
-                                    env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                seen = sample_listeners(proc, timeout=600)
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.seek(0)
-            out = log.read()
-        assert proc.returncode == 0, out[-5000:]
+        seen = run_sampling_listeners(spec, f"file://{storage}", tmp_path / "out", env=env)
+        out = (tmp_path / "out").read_text()
         ray_line = next(line for line in out.splitlines() if line.startswith("ray: "))
         assert ray_line.startswith("ray: embedded local Ray on 127.0.0.1") and other not in ray_line, ray_line
         # and the other cluster never saw a driver
