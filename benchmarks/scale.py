@@ -232,8 +232,9 @@ def dir_bytes(path: Path) -> int:
 
 
 def mlflow_children(db: Path) -> list[dict]:
-    """The study's trial runs in the SQLite store: {trial_id, status, deleted}."""
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+    """The study's trial runs in the SQLite store: {trial_id, status, deleted}. Read-write, not `mode=ro`:
+    a driver SIGKILLed mid-write leaves a hot journal, which only a writer may roll back."""
+    with sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=30) as con:
         rows = con.execute(
             "SELECT r.run_uuid, r.status, r.lifecycle_stage, t.value FROM runs r JOIN tags p "
             "ON p.run_uuid = r.run_uuid AND p.key = 'mlflow.parentRunId' LEFT JOIN tags t "

@@ -47,6 +47,32 @@ def test_events_a_resume_can_wait_for_share_a_snapshot(monkeypatch):
     assert due.at >= due.last + due.wait and not due.is_due()
 
 
+def test_the_trials_of_a_store_its_killed_driver_left_mid_write_are_read(tmp_path):
+    """A driver SIGKILLed inside a write leaves a hot journal (pages of the write already in the file):
+    P6 reads the store right after its kill, and only a read-write connection may roll that back."""
+    import sqlite3
+
+    from benchmarks.scale import mlflow_children
+
+    db = tmp_path / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        con.executescript("""
+            CREATE TABLE runs (run_uuid TEXT, status TEXT, lifecycle_stage TEXT);
+            CREATE TABLE tags (run_uuid TEXT, key TEXT, value TEXT);
+            INSERT INTO runs VALUES ('r1', 'FINISHED', 'active');
+            INSERT INTO tags VALUES ('r1', 'mlflow.parentRunId', 'p'), ('r1', 'tune.trial_id', 't1');
+            CREATE TABLE filler (x BLOB);""")
+        con.executemany("INSERT INTO filler VALUES (?)", [(b"x" * 1000,)] * 2000)
+    killed_mid_write = ("import os, signal, sqlite3, sys\n"
+                        "con = sqlite3.connect(sys.argv[1])\n"
+                        "con.execute('PRAGMA cache_size=5')  # the write spills into the file before its commit\n"
+                        "con.execute('UPDATE filler SET x = zeroblob(1000)')\n"
+                        "os.kill(os.getpid(), signal.SIGKILL)")
+    subprocess.run([sys.executable, "-c", killed_mid_write, str(db)], timeout=60)
+    assert (tmp_path / "mlflow.db-journal").stat().st_size > 0, "no hot journal: the test would prove nothing"
+    assert mlflow_children(db) == [{"run": "r1", "status": "FINISHED", "deleted": False, "trial_id": "t1"}]
+
+
 @pytest.mark.slow
 def test_p6_on_a_tiny_study(tmp_path):
     out = tmp_path / "p6.json"
