@@ -114,8 +114,10 @@ def synthetic_study(n: int, seed: int = 0) -> tuple[dict, list[dict]]:
 
 def sqlite_study(db: str, experiment: str, n: int | None = None) -> tuple[dict, list[dict]]:
     """A real study's record in a SQLite MLflow store, as synthetic_study gives one: the parent run
-    with the most (active) children in the experiment, and its children, the first n by start time."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    with the most (active) children in the experiment, and its children, the first n by start time.
+    Read-write (`mode=rw` never creates the file): a study killed mid-write leaves a hot journal, which
+    a read-only connection cannot roll back."""
+    con = sqlite3.connect(f"file:{db}?mode=rw", uri=True, timeout=30)
     try:
         found = con.execute("SELECT experiment_id FROM experiments WHERE name = ?", (experiment,)).fetchone()
         if found is None:
