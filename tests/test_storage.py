@@ -69,7 +69,7 @@ def test_a_study_on_a_bucket_killed_and_resumed(s3, tmp_path, monkeypatch, capsy
     from there; the same study again without --resume is refused, the record untouched. A study in a
     folder killed and resumed: P6 (tests/test_scale_benchmark.py, which counts the reruns) and
     tests/test_records.py's driver lock taken over."""
-    spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 240, "base/eval/every_steps": 40,
+    spec = write_spec(tmp_path, **{"name": "resumable", "base/optim/steps": 120, "base/eval/every_steps": 40,
                                    "search/trials_per_cell": 3, "replicas": 2, "base/sparsity": None,
                                    "resources/max_concurrent_trials": 2})  # killed with trials side by side
     db = tmp_path / "ml.db"
