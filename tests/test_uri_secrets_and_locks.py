@@ -156,6 +156,20 @@ def test_a_store_that_honours_them_still_gives_the_lock(s3):
     assert s3["client"].list_objects_v2(Bucket="studies", Prefix="honours/smoke").get("Contents") is None
 
 
+def test_a_bucket_gone_when_the_study_ends_leaves_its_lock_with_a_warning_not_a_traceback(s3, monkeypatch, capsys):
+    """The study's work is done and written; a bucket that stops answering right then (a refused
+    connection, not an S3 error) leaves the lock for the next run to take over."""
+    from study.experiment.lock import driver_lock
+    from tests.support.postgres import free_port
+
+    with driver_lock("s3://studies/ending/smoke"):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    assert "driver.lock is left in place" in capsys.readouterr().err
+    assert [o["Key"] for o in s3["client"].list_objects_v2(Bucket="studies", Prefix="ending/")["Contents"]] == [
+        "ending/smoke/driver.lock"]
+
+
 # --- GCS: generation preconditions ------------------------------------------------------------------------
 class FakeGcs:
     """google.cloud.storage's Client as the lock uses it, over an in-memory bucket with GCS's rules:

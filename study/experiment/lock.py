@@ -165,7 +165,7 @@ def _check_s3_conditions(study_dir: str, path: str) -> None:
     only if none is there, must be refused the second time."""
     import uuid
 
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     client, bucket, key = _s3(f"{path}.probe-{uuid.uuid4().hex[:12]}")
     try:
@@ -179,7 +179,7 @@ def _check_s3_conditions(study_dir: str, path: str) -> None:
                 raise
             ignored = None if code in LOST_RACE else "it does not implement If-None-Match"
         client.delete_object(Bucket=bucket, Key=key)
-    except ClientError as e:
+    except (ClientError, BotoCoreError) as e:
         raise store.StorageError(f"{store.redact(path)}: {e}") from None
     if ignored:
         raise StudyLocked(f"study {store.redact(study_dir)}: this S3 store ignores conditional writes ({ignored}), "
@@ -216,7 +216,7 @@ def put_version(path: str, data: bytes, etag: str | None) -> bool:
     """Create the lock (`etag` None) or replace the object whose version (S3's ETag, GCS's generation)
     is `etag`; False if it is not there as expected (another driver was first)."""
     if path.startswith("s3://"):
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         client, bucket, key = _s3(path)
         condition = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
@@ -225,6 +225,8 @@ def put_version(path: str, data: bytes, etag: str | None) -> bool:
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in LOST_RACE:
                 return False
+            raise store.StorageError(f"{path}: {e}") from None
+        except BotoCoreError as e:
             raise store.StorageError(f"{path}: {e}") from None
         return True
     from google.api_core.exceptions import GoogleAPIError, NotFound, PreconditionFailed
@@ -258,16 +260,18 @@ def read_version(path: str) -> tuple[bytes | None, str | None]:
             return None, None
         except GoogleAPIError as e:
             raise store.StorageError(f"{path}: {e}") from None
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import BotoCoreError, ClientError
 
     client, bucket, key = _s3(path)
     try:
         answer = client.get_object(Bucket=bucket, Key=key)
+        return answer["Body"].read(), answer["ETag"]
     except ClientError as e:
         if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
             return None, None
         raise store.StorageError(f"{path}: {e}") from None
-    return answer["Body"].read(), answer["ETag"]
+    except BotoCoreError as e:  # no answer at all (a refused or cut connection, a timeout)
+        raise store.StorageError(f"{path}: {e}") from None
 
 
 def _release(path: str, me: dict) -> None:
@@ -296,7 +300,7 @@ def remove_version(path: str, etag: str | None = None) -> None:
             raise store.StorageError(f"{path}: {e}") from None
         return
     if etag and path.startswith("s3://"):  # only the object read as ours, not one a takeover put since
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         client, bucket, key = _s3(path)
         try:
@@ -304,6 +308,8 @@ def remove_version(path: str, etag: str | None = None) -> None:
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") not in LOST_RACE:
                 raise store.StorageError(f"{path}: {e}") from None
+        except BotoCoreError as e:
+            raise store.StorageError(f"{path}: {e}") from None
         return
     fs, inner = store.resolve(path)
     try:
