@@ -81,16 +81,17 @@ def listening(pid: int, titles: dict[int, set[str]] | None = None) -> set[tuple[
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return set()
-    found = set()
+    tree = {}
     for p in procs:
         try:
             names = titles.setdefault(p.pid, set())
             names.add(" ".join([p.name(), *p.cmdline()[:3]]))
-            sockets = [c for c in p.net_connections("inet") if c.status == psutil.CONN_LISTEN]
-            found |= {(" | ".join(sorted(names)), c.laddr.ip, c.laddr.port) for c in sockets}
+            tree[p.pid] = names
         except psutil.Error:  # exited meanwhile
             continue
-    return found
+    # the machine's sockets read once, not once a process (each read parses every socket there is)
+    return {(" | ".join(sorted(tree[c.pid])), c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in tree}
 
 
 def sample_listeners(proc: subprocess.Popen, timeout: float) -> set[tuple[str, str, int]]:
