@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import glob
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_study import mlflow_runs, run, write_spec
+from test_study import is_loopback, mlflow_runs, run, run_sampling_listeners, write_spec
 from test_train import Recorder, config
 
 from trial.loop import Diverged, train_loop_per_worker
@@ -30,42 +31,69 @@ def tune_failures(study_dir) -> list[int]:
     return sorted(json.loads(metadata)["num_failures"] for _, metadata in state["trial_data"])
 
 
+def assert_went_on_past_the_diverging_trial(stderr: str, study_dir: Path, lrs: list[float]) -> pd.DataFrame:
+    """The trial at lr 1e30 failed once, unretried (max_failures 2), and is accounted for; the others
+    ran to the end; the study's record is FAILED. Returns the healthy trials' results."""
+    failed = stderr[stderr.index("error: 1 trial(s) failed:"):]
+    assert "(cell lr=1e+30)" in failed and "at step" in failed, failed
+    assert "cell lr=1e+30: no trial finished" in failed
+    results = pd.read_csv(study_dir / "results.csv")
+    done = results[results.status == "TERMINATED"]
+    assert set(done["optim.lr"]) == set(lrs) - {1e30}
+    assert done.length.notna().all()  # the healthy cell ran to the end
+    bad = results[results.status == "ERROR"]  # the failed trial is accounted for: one row, no test grid
+    assert len(bad) == 1 and bad["optim.lr"].iloc[0] == 1e30 and bad.length.isna().all()
+    assert tune_failures(study_dir) == [0, 1]  # failed once, not retried; the healthy trial never failed
+
+    _, parents, children = mlflow_runs(study_dir.parent / "mlflow.db", study_dir.name)
+    assert parents[0].info.status == "FAILED"
+    status = {c.data.tags["cell"]: c for c in children}
+    assert set(status) == {f"lr={lr:g}" for lr in lrs}
+    assert status["lr=0.003"].info.status == "FINISHED"
+    bad = status["lr=1e+30"]
+    assert bad.info.status == "FAILED" and "at step" in bad.data.tags["error"], bad.data.tags
+    return done
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_study_with_a_diverging_trial_goes_on_and_exits_non_zero(tmp_path, workers):
-    """1 worker: a healthy cell besides, which the study runs to the end. 2 workers (a Ray Train run
-    per trial, whose own retries must not nest inside Tune's): the diverging cell alone, since a
-    healthy 2-worker trial is tests/test_study.py's test_two_worker_zero2_trial (and costs a Ray
-    Train run of ~15 s on 2 cores)."""
-    lrs = [0.003, 1e30] if workers == 1 else [1e30]
+def test_a_study_with_a_diverging_trial_goes_on_and_exits_non_zero(tmp_path):
+    lrs = [0.003, 1e30]
     spec = write_spec(tmp_path, **{
         "name": "diverging", "search": "none", "grid": {"optim.lr": lrs},
         "task/params/train_length": 8, "base/optim/steps": 20, "base/optim/warmup_steps": 0,
-        "base/eval/every_steps": 10, "resources/max_failures": 2, "resources/workers_per_trial": workers,
-        "resources/max_concurrent_trials": 1,
+        "base/eval/every_steps": 10, "resources/max_failures": 2, "resources/max_concurrent_trials": 1,
     })
     storage = tmp_path / "studies"
     out = run(["--space", str(spec), "--storage", str(storage)])
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    failed = out.stderr[out.stderr.index("error: 1 trial(s) failed:"):]
-    assert "(cell lr=1e+30)" in failed and "at step" in failed, failed
-    assert "cell lr=1e+30: no trial finished" in failed
-    results = pd.read_csv(storage / "diverging" / "results.csv")
-    done = results[results.status == "TERMINATED"]
-    assert set(done["optim.lr"]) == set(lrs) - {1e30}
-    if workers == 1:
-        assert done.length.notna().all()  # the healthy cell ran to the end
-    bad = results[results.status == "ERROR"]  # the failed trial is accounted for: one row, no test grid
-    assert len(bad) == 1 and bad["optim.lr"].iloc[0] == 1e30
-    assert "length" not in bad or bad.length.isna().all()  # no column at all where no trial reported a grid
-    # failed once, not retried (max_failures 2); the healthy trial never failed
-    assert tune_failures(storage / "diverging") == ([0, 1] if workers == 1 else [1])
+    assert_went_on_past_the_diverging_trial(out.stderr, storage / "diverging", lrs)
 
-    _, parents, children = mlflow_runs(storage / "mlflow.db", "diverging")
-    assert parents[0].info.status == "FAILED"
-    status = {c.data.tags["cell"]: c for c in children}
-    assert set(status) == {f"lr={lr:g}" for lr in lrs}
-    if workers == 1:
-        assert status["lr=0.003"].info.status == "FINISHED"
-    bad = status["lr=1e+30"]
-    assert bad.info.status == "FAILED" and "at step" in bad.data.tags["error"], bad.data.tags
+
+@pytest.mark.slow
+def test_a_two_worker_zero2_study_goes_on_past_a_diverging_trial(tmp_path):
+    """Trials of 2 workers (a Ray Train run each, whose own retries must not nest inside Tune's) under
+    ZeRO-2: the healthy trial's validation sums both workers' halves, each checkpoint it keeps holds
+    both ranks' optimizer shards, and its process group listens on 127.0.0.1 only; the diverging one
+    fails as a 1-worker trial does."""
+    lrs = [0.003, 1e30]
+    spec = write_spec(tmp_path, **{
+        "name": "zero2", "search": "none", "grid": {"optim.lr": lrs}, "task/params/train_length": 8,
+        "base/optim/steps": 40, "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "zero_stage": 2,
+                                              "max_failures": 2, "max_concurrent_trials": 1},
+    })
+    storage = tmp_path / "studies"
+    seen = run_sampling_listeners(spec, storage, tmp_path / "out", code=1)
+    done = assert_went_on_past_the_diverging_trial((tmp_path / "out").read_text(), storage / "zero2", lrs)
+    assert done.trial_id.nunique() == 1 and len(done) == 6
+    assert (done.n == 32).all()  # both workers' halves summed
+    healthy = done.trial_id.iloc[0]
+    shards = sorted(p.name for p in (storage / "zero2" / "train").rglob("zero_pp_rank_*_optim_states.pt")
+                    if healthy in str(p))
+    # each of the two kept checkpoints (num_to_keep=2, study/experiment/tuning.py) holds both ranks' shards
+    assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt"] * 2 + ["zero_pp_rank_1_mp_rank_00_optim_states.pt"] * 2
+    # local means local: the workers' gloo group and rank 0's TCPStore (study/ray_compat.py's
+    # loopback_torch_config) listen on 127.0.0.1
+    workers = {(ip, port) for label, ip, port in seen if "RayTrainWorker" in label}
+    assert workers and any(is_loopback(ip) for ip, _ in workers), "sampled while the workers trained"
+    exposed = {(label, ip, port) for label, ip, port in seen if not is_loopback(ip)}
+    assert not exposed, f"listening beyond 127.0.0.1: {exposed}"

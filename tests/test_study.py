@@ -375,10 +375,10 @@ def kill_when_finished(command: list[str], db: Path, env: dict, cwd: Path, trial
 # test_a_study_on_a_bucket_killed_and_resumed, on a bucket (a folder: P6, tests/test_scale_benchmark.py).
 
 
-# --- a 2-worker ZeRO-2 trial --------------------------------------------------------------------
-def run_sampling_listeners(spec, storage, log_path, env=ENV) -> set[tuple[str, str, int]]:
-    """Run the study to the end (exit 0 asserted; its output in log_path) while sampling its process
-    tree's listeners."""
+# --- a study's listeners -----------------------------------------------------------------------
+def run_sampling_listeners(spec, storage, log_path, env=ENV, code: int = 0) -> set[tuple[str, str, int]]:
+    """Run the study to the end (exit `code` asserted; its output in log_path) while sampling its
+    process tree's listeners."""
     with open(log_path, "w+") as log:
         proc = subprocess.Popen([*RUN, "--space", str(spec), "--storage", str(storage)], cwd=ROOT, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -389,30 +389,12 @@ def run_sampling_listeners(spec, storage, log_path, env=ENV) -> set[tuple[str, s
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.seek(0)
-        assert proc.returncode == 0, log.read()[-5000:]
+        assert proc.returncode == code, log.read()[-5000:]
     return seen
 
 
-def test_two_worker_zero2_trial(tmp_path):
-    spec = write_spec(tmp_path, **{
-        "name": "zero2", "grid": None, "search": None, "task/params/train_length": 8,
-        "resources": {"workers_per_trial": 2, "cpus_per_worker": 1, "zero_stage": 2},
-        "base/optim/steps": 40,
-    })
-    storage = tmp_path / "studies"
-    seen = run_sampling_listeners(spec, storage, tmp_path / "out")
-    results = pd.read_csv(storage / "zero2" / "results.csv")
-    assert results.trial_id.nunique() == 1 and len(results) == 6
-    assert (results.n == 32).all()  # both workers' halves summed
-    shards = sorted(p.name for p in (storage / "zero2" / "train").rglob("zero_pp_rank_*_optim_states.pt"))
-    # each of the two kept checkpoints (num_to_keep=2, study/experiment/tuning.py) holds both ranks' shards
-    assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt"] * 2 + ["zero_pp_rank_1_mp_rank_00_optim_states.pt"] * 2
-    # local means local: the workers' gloo group and rank 0's TCPStore (study/ray_compat.py's
-    # loopback_torch_config) listen on 127.0.0.1
-    workers = {(ip, port) for label, ip, port in seen if "RayTrainWorker" in label}
-    assert workers and any(is_loopback(ip) for ip, _ in workers), "sampled while the workers trained"
-    exposed = {(label, ip, port) for label, ip, port in seen if not is_loopback(ip)}
-    assert not exposed, f"listening beyond 127.0.0.1: {exposed}"
+# The 2-worker ZeRO-2 trial (its shards, its process group on 127.0.0.1): tests/test_divergence.py's
+# test_a_two_worker_zero2_study_goes_on_past_a_diverging_trial, beside a trial that diverges.
 
 
 # --- ray job submit against `ray start --head` ------------------------------------------------
