@@ -153,29 +153,44 @@ def test_a_retried_report_keeps_its_checkpoint_index(monkeypatch):
 
 
 @pytest.mark.slow  # a model trained, or real processes raced: the whole suite's
-def test_the_embedded_ray_starts_with_token_auth_and_no_warning_about_it():
+def test_the_embedded_ray_starts_with_token_auth_and_no_warning_about_it_and_no_idle_workers():
     """A fresh process with RAY_AUTH_MODE unset: Ray alone turns token auth on for a new local cluster
     and warns how to opt out; with ours first, the cluster has token auth (a task runs through it)
-    and nothing is printed about it. A mode the user set is kept."""
+    and nothing is printed about it. A mode the user set is kept. Ray alone prestarts an idle worker a
+    CPU (2 here) as it starts; with ours, none."""
     import os
     import subprocess
     import sys
 
     def start(prepare: str, env_mode: str | None = None) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_prestart_worker_first_driver")}
         if env_mode:
             env["RAY_AUTH_MODE"] = env_mode
-        code = (f"import os, ray\nfrom study import ray_compat\n{prepare}\n"
-                "ray.init(address='local', num_cpus=1, include_dashboard=False)\n"
-                "print('MODE', os.environ.get('RAY_AUTH_MODE'), ray.get(ray.remote(lambda: 7).remote()))\n"
+        code = (f"import os, time, psutil, ray\nfrom study import ray_compat\n{prepare}\n"
+                "ray.init(address='local', num_cpus=2, include_dashboard=False)\n"
+                "def idle():\n"
+                "    names = []\n"
+                "    for p in psutil.Process().children(recursive=True):\n"
+                "        try:\n"
+                "            names.append(p.cmdline()[:1])\n"
+                "        except psutil.Error:\n"
+                "            pass\n"
+                "    return names.count(['ray::IDLE'])\n"
+                "deadline = time.time() + 10\n"
+                "while idle() < 2 and time.time() < deadline:\n"
+                "    time.sleep(0.2)\n"
+                "before = idle()\n"
+                "print('MODE', os.environ.get('RAY_AUTH_MODE'), ray.get(ray.remote(lambda: 7).remote()), 'IDLE', before)\n"
                 "ray.shutdown()")
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env,
                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     plain = start("")
-    assert "MODE token 7" in plain.stdout and "Token authentication is enabled" in plain.stderr, plain.stderr[-2000:]
-    ours = start("ray_compat.token_auth_on_before_init()")
-    assert "MODE token 7" in ours.stdout and "Token authentication" not in ours.stderr, ours.stderr[-2000:]
+    assert "MODE token 7 IDLE 2" in plain.stdout and "Token authentication is enabled" in plain.stderr, \
+        plain.stdout + plain.stderr[-2000:]
+    ours = start("ray_compat.token_auth_on_before_init()\nray_compat.no_idle_workers_at_start()")
+    assert "MODE token 7 IDLE 0" in ours.stdout and "Token authentication" not in ours.stderr, \
+        ours.stdout + ours.stderr[-2000:]
     kept = start("ray_compat.token_auth_on_before_init()", env_mode="disabled")
     assert "MODE disabled 7" in kept.stdout, kept.stderr[-2000:]
 

@@ -46,6 +46,7 @@ def start_ray(address: str | None) -> None:
     from trial.session import loopback_interface
 
     ray_compat.token_auth_on_before_init()
+    ray_compat.no_idle_workers_at_start()
 
     # workers import the project from this checkout even if not installed
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
