@@ -221,7 +221,8 @@ def test_one_driver_per_study_and_a_killed_drivers_lock_is_taken_over(tmp_path, 
             time.sleep(0.3)
         assert resumed.poll() is None, resumed.communicate()
         assert held_by(lock, resumed.pid)  # taken over
-        assert wait_for_metrics(storage / "mlflow.db", resumed, more_than=count_metrics(storage / "mlflow.db"))
+        trained = wait_for_metrics(storage / "mlflow.db", resumed, more_than=count_metrics(storage / "mlflow.db"))
+        assert trained, resumed.communicate(timeout=120)  # ended without a report: say how
     finally:
         if resumed.poll() is None:
             os.killpg(resumed.pid, signal.SIGINT)  # Ctrl-C: the study ends KILLED, the lock released

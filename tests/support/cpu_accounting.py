@@ -28,7 +28,7 @@ def pytest_configure(config):
     out = os.environ.get("TEST_CPU_OUT")
     if not out:
         raise pytest.UsageError("tests.support.cpu_accounting: set TEST_CPU_OUT (where the per-test TSVs go)")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")  # not the environment: a test's own pytest inherits it
     group = os.path.join(HIERARCHY, f"pytest-{os.getppid()}-{worker}")
     try:
         os.makedirs(group, exist_ok=True)
