@@ -322,9 +322,13 @@ def test_a_bucket_unreachable_mid_study_loses_nothing(s3, tmp_path):
         args = ["--space", str(spec), "--storage", storage, "--mlflow-uri", f"sqlite:///{db}"]
         proc = subprocess.Popen([*RUN, *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
-        lines: list[str] = []  # the driver's progress, read as it prints it (MLflow's record may lag it)
-        reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-        reader.start()
+        # the driver's progress, read as it prints it (MLflow's record may lag it); each pipe has one reader
+        lines: list[str] = []
+        errors: list[str] = []
+        readers = [threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True),
+                   threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)]
+        for reader in readers:
+            reader.start()
 
         def wait_for_trials(n: int) -> dict[str, int]:
             """Once the driver says the n-th trial finished: its finished MLflow runs."""
@@ -347,18 +351,20 @@ def test_a_bucket_unreachable_mid_study_loses_nothing(s3, tmp_path):
             finished_before = wait_for_trials(2)  # the study went on; 2 of its 4 trials are left
             relay.down()  # it stays down
             try:  # bounded: the study ends by itself, or this fails
-                _, err = proc.communicate(timeout=400)
+                proc.wait(timeout=400)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-                _, err = proc.communicate()
-                pytest.fail(f"no end within 400 s of the outage (a hang):\n{''.join(lines)[-3000:]}\n{err[-5000:]}")
+                proc.wait()
+                pytest.fail(f"no end within 400 s of the outage (a hang):\n{''.join(lines)[-3000:]}\n"
+                            f"{''.join(errors)[-5000:]}")
         finally:
             os.kill(moto.pid, signal.SIGCONT)
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        reader.join(timeout=30)
-        out = "".join(lines)
+        for reader in readers:
+            reader.join(timeout=30)
+        out, err = "".join(lines), "".join(errors)
         # no trial failed for either (Ray logs a failed trial's traceback): a trial waits for the bucket
         assert "Traceback" not in err and "FAILED " not in out, out[-3000:] + err[-5000:]
         started = re.findall(r"\] started .*#(\w+)", out)
