@@ -108,7 +108,8 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
         judged = claim.model_copy(update={"times": times})
         points[times] = run_points(spec, cell, judged, claim.k, runs)
     at, none_fit = fitting(points[claim.times])
-    baseline_fit = against = base_none_fit = ""
+    baseline_fit = against = ""
+    base_none_fit = False
     if claim.compares:  # a comparison says nothing where its baseline did not fit: count those too
         base = baseline_points(spec, claim, runs)
         fit, judged = fit_counts(base)
@@ -120,7 +121,7 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
     fitted = [p for p in at if p.fit]
     return {**row, "verdict": f"**{verdict.verdict}**",
             "2x": f"{runs_text([p.rate for p in at])}{against} ({claim.metric}, {at[0].length if at else '-'}"
-                  f"{none_fit}{base_none_fit.replace('no run', 'no baseline run')})",
+                  f"{'; no run fit' if none_fit else ''}{'; no baseline run fit' if base_none_fit else ''})",
             "3x": f"{runs_text([p.rate for p in further])} ({further[0].length})" if further else "-",
             "fit": f"{len(fitted)}/{seeds}{baseline_fit}",
             "extrapolate": f"{sum(p.rate >= FITS for p in fitted)}/{len(fitted)}" if claim.metric == "exact_match"
@@ -128,12 +129,12 @@ def claim_row(spec: StudySpec, claim, runs: pd.DataFrame | None) -> dict[str, st
             "setup": row["setup"] + f"; {seeds} seeds"}
 
 
-def fitting(points: dict) -> tuple[list, str]:
+def fitting(points: dict) -> tuple[list, bool]:
     """The runs a figure speaks of: those that fit in distribution (one that did not says nothing of
-    its scheme), or, where none did, every run, marked so."""
+    its scheme), or, where none did, every run; and whether none did."""
     runs = [p for p in points.values() if not isinstance(p, str)]
     fit = [p for p in runs if p.fit]
-    return (fit, "") if fit or not runs else (runs, "; no run fit")
+    return (fit, False) if fit or not runs else (runs, True)
 
 
 def claim_rows() -> list[dict[str, str]]:
