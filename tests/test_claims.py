@@ -242,7 +242,11 @@ def test_the_results_page_row_of_a_claim_counts_the_runs_that_fit_and_extrapolat
     row = results_page.claim_row(spec, spec.claims[0], runs)
     assert row["verdict"] == "**inconclusive**" and row["fit"] == "3/3 (baseline 1/3)", row
     # and shows its baseline's figure beside the cell's, over the baseline's runs that fit
-    assert row["2x"].startswith("1.00 against 0.25 ("), row
+    assert row["2x"].startswith("1.00 against 0.25 (") and "no baseline run fit" not in row["2x"], row
+    runs = results(spec, {"coupled": [1.0] * 3, "random_shift": [0.5, 0.5, 0.25]},
+                   fit={"coupled": [1.0] * 3, "random_shift": [0.9] * 3}).assign(study="a")
+    row = results_page.claim_row(spec, spec.claims[0], runs)  # no baseline run fit: every one of its runs
+    assert row["2x"].startswith("1.00 against 0.42 [0.25-0.50] (") and row["2x"].endswith("; no baseline run fit)"), row
 
 
 def test_a_seed_is_added_to_the_committed_runs_once():
