@@ -1,5 +1,6 @@
 """benchmarks/suite.py's parts P1, P4, P5, P7 and P8 run as a user runs them, at sizes for CI: a part that
-rots (an import the restructure moved, a model option renamed) fails here, not in front of a user.
+rots (an import the restructure moved, a model option renamed) fails here, not in front of a user;
+`--only P6` hands its sizes to benchmarks/scale.py (run end to end in tests/test_scale_benchmark.py).
 The figures themselves are machine-dependent and belong to the benchmark, not to assertions here."""
 
 import math
@@ -63,3 +64,26 @@ def test_p8_times_bf16_attention_kernels_by_keys_and_a_bf16_claim_cells_step_wit
     import models.decoder
 
     assert models.decoder.MATH_ATTENTION_MAX_KEYS == 128  # restored after the flash-only steps
+
+
+def test_the_suites_p6_hands_its_sizes_to_the_scale_benchmark(monkeypatch, tmp_path):
+    """`--only P6` is benchmarks/scale.py's P6 (run end to end in tests/test_scale_benchmark.py): the
+    suite passes its sizes through and writes what comes back."""
+    import json
+
+    import benchmarks.scale
+    from benchmarks import suite
+
+    called = {}
+
+    def fake_p6(trials, nodes, profile_dir=None):
+        called.update(trials=trials, nodes=nodes, profile_dir=profile_dir)
+        return {"cluster": {"nodes": nodes}}
+
+    monkeypatch.setattr(benchmarks.scale, "p6_scale", fake_p6)
+    monkeypatch.setattr(benchmarks.scale, "print_p6", lambda r: None)
+    out = tmp_path / "p6.json"
+    assert suite.main(["--only", "P6", "--trials", "6", "9", "--nodes", "3", "--p6-profile", "prof",
+                       "--json", str(out)]) == 0
+    assert called == {"trials": [6, 9], "nodes": 3, "profile_dir": "prof"}
+    assert json.loads(out.read_text())["P6"]["cluster"] == {"nodes": 3}
