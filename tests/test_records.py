@@ -53,12 +53,16 @@ def record_of(db: Path, experiment: str) -> dict:
     return out
 
 
+LRS = [0.003, 1e30]
+
+
 def diverging_spec(tmp_path: Path, name: str = "records") -> Path:
-    """Two cells, one of which diverges: a FAILED child run, which a second study must not delete."""
+    """Two cells, one of which diverges: a FAILED child run, which a second study must not delete, and
+    which is not retried though resources.max_failures would allow it (tests/test_divergence.py)."""
     return write_spec(tmp_path, **{
-        "name": name, "search": "none", "grid": {"optim.lr": [0.003, 1e30]},
+        "name": name, "search": "none", "grid": {"optim.lr": LRS},
         "task/params/train_length": 8, "base/optim/steps": 20, "base/optim/warmup_steps": 0,
-        "base/eval/every_steps": 10, "base/sparsity": None, "resources/max_failures": 0,
+        "base/eval/every_steps": 10, "base/sparsity": None, "resources/max_failures": 2,
     })
 
 
@@ -67,7 +71,10 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     """Three studies of one name in one MLflow store: the first and third in one storage under a quote,
     in its default store (MLflow's filter strings take a literal's text between its quotes as it is: a
     quote in the study's location once ended a study, and its resume, in a traceback), the second in
-    another storage. The first is resumed: it holds to its stored spec and reruns no failed trial."""
+    another storage. The first is resumed: it holds to its stored spec and reruns no failed trial.
+    The first is also the 1-worker study that goes on past a diverging trial (tests/test_divergence.py)."""
+    from test_divergence import assert_went_on_past_the_diverging_trial
+
     from study import report as report_cli
 
     spec = diverging_spec(tmp_path)
@@ -76,6 +83,7 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     uri = f"sqlite:///{db}"
     first = run(["--space", str(spec), "--storage", str(a)])  # the default store, under the quote
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]  # the diverging cell
+    assert_went_on_past_the_diverging_trial(first.stderr, a / "records", LRS)
     stored = json.loads((a / "records" / "study.json").read_text())
     client, parents, children = mlflow_runs(db, "records")
     assert len(parents) == 1 and parents[0].data.tags["study.id"] == stored["id"]
@@ -104,7 +112,7 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
     # again, and the diverged trial is not run again
     resumed_spec = tmp_path / "resumed.yaml"
     resumed_spec.write_text(yaml.safe_dump({**raw, "description": "now described", "resources": {
-        **raw["resources"], "max_concurrent_trials": 1, "max_failures": 2}}))
+        **raw["resources"], "max_concurrent_trials": 1, "max_failures": 3}}))
     again = run(["--space", str(resumed_spec), "--storage", str(a), "--resume"])
     assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
     assert "started " not in again.stdout  # no trial ran again
