@@ -164,6 +164,25 @@ def test_the_mlflow_record_reads_without_a_guide(replicated):
 
 
 @pytest.mark.slow
+def test_warm_processes_run_every_trial_in_one_and_record_their_times(replicated):
+    """Warm processes (the default; tests/test_warm_processes.py): one trial at a time (the smoke spec's
+    resources), Tune keeps a finished trial's actor for the next, so all 6 ran in the first one's
+    process; each trial's start-up and step times, and the study's share in steps, are recorded."""
+    from test_warm_processes import trial_pids
+
+    assert len(trial_pids(str(replicated["storage"] / "replicated"))) == 1
+    assert "time: " in replicated["out"].stdout and "trial slot" in replicated["out"].stdout
+    _, parents, children = mlflow_runs(replicated["db"], "replicated")
+    assert 0 < parents[0].data.metrics["time/in_steps_share"] <= 1.05
+    assert len(children) == 6
+    for c in children:
+        m = c.data.metrics
+        assert m["time/train_s"] > 0 and m["time/eval_s"] > 0
+        assert 0 < m["startup/from_schedule_s"] < 900 and m["startup/total_s"] <= m["startup/from_schedule_s"]
+        assert not any(k.endswith("_at") for k in m)  # wall-clock stamps are not metrics
+
+
+@pytest.mark.slow
 def test_report_rebuilds_from_the_folder_and_from_mlflow(replicated):
     study = replicated["storage"] / "replicated"
     for source, extra in ((str(study), []), ("replicated", ["--mlflow-uri", f"sqlite:///{replicated['db']}"])):
