@@ -171,19 +171,26 @@ def test_two_studies_of_one_name_never_touch_each_others_record_and_reports_are_
 
 
 def test_asha_runs_accounts_for_every_trial_and_selects_a_finished_one(tmp_path):
+    """Its storage is a path with every character a shell, a URI or SQL quotes: the study runs to the
+    end there and writes nothing beside it."""
     spec = write_spec(tmp_path, **{
         "name": "asha", "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2},
+        "grid": {"task.params.train_length": [8]},
         "base/optim/steps": 70,  # not a multiple of eval.every_steps 20: 4 reports, the last at 70
         "base/sparsity": None, "search/trials_per_cell": 4, "replicas": 2,
         "search/params": {"optim.lr": {"loguniform": [1e-5, 1e-2]}},
         "objective": {"metric": "val_loss", "mode": "min"}, "resources/max_concurrent_trials": 1,
     })
-    storage = tmp_path / "studies"
+    outer = tmp_path / "outer"
+    storage = outer / "a#b'c\"d\\e;f g é"
     out = run(["--space", str(spec), "--storage", str(storage)])
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    tree = sorted(str(p.relative_to(outer)) for p in outer.rglob("*"))
+    assert tree[0] == storage.name and all(p.startswith(storage.name) for p in tree)  # nothing beside it
+    assert (storage / "mlflow.db").is_file() and any((storage / "mlartifacts" / "asha").rglob("study_spec.json"))
     results = pd.read_csv(storage / "asha" / "results.csv")
     trials = results.drop_duplicates("trial_id")
-    assert len(trials) == 2 * (4 + 1)  # every trial, stopped ones too
+    assert len(trials) == 4 + 1  # every trial, stopped ones too
     stopped = trials[trials.status == "STOPPED"]
     assert len(stopped) >= 1 and stopped.length.isna().all() and (stopped.role == "search").all()
     assert (trials[trials.role == "replica"].status == "TERMINATED").all()  # ASHA never stops a replica
@@ -191,8 +198,9 @@ def test_asha_runs_accounts_for_every_trial_and_selects_a_finished_one(tmp_path)
     finished = results[results.status == "TERMINATED"]
     assert set(finished.length) == {8, 16, 24}  # a trial that ran on reported its whole grid at step 70
     selected = pd.read_csv(storage / "asha" / "selected.csv")
-    assert len(selected) == 2 and set(selected.trial_id) <= set(finished.trial_id) and (selected.seeds == 2).all()
-    _, _, children = mlflow_runs(storage / "mlflow.db", "asha")
+    assert len(selected) == 1 and set(selected.trial_id) <= set(finished.trial_id) and (selected.seeds == 2).all()
+    _, parents, children = mlflow_runs(storage / "mlflow.db", "asha")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     tagged = {c.data.tags[TRIAL] for c in children if "stopped" in c.data.tags}
     assert tagged == {t for t in stopped.trial_id}, (tagged, list(stopped.trial_id))
     assert all(c.info.status == "FINISHED" for c in children)

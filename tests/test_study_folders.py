@@ -80,19 +80,7 @@ def test_the_default_record_of_a_path_with_other_characters_is_that_path(char, t
     assert sqlite_database(f"sqlite:///{db}") == db  # run.py's default URI names the database in the storage
 
 
-@pytest.mark.slow
-def test_a_study_under_a_path_with_every_other_character_runs_to_the_end(tmp_path):
-    outer = tmp_path / "outer"
-    storage = outer / "a#b'c\"d\\e;f g é"
-    spec = write_spec(tmp_path, **{"name": "chars", "search/trials_per_cell": 1, "grid": None,
-                                   "base/optim/steps": 20, "base/sparsity": None})
-    out = run(["--space", str(spec), "--storage", str(storage)], timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert (storage / "chars" / "results.csv").is_file() and (storage / "mlflow.db").is_file()
-    assert tree(outer) == [storage.name] + [f"{storage.name}/{p}" for p in tree(storage)]  # nothing beside it
-    client, parents, children = mlflow_runs(storage / "mlflow.db", "chars")
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED" and len(children) == 1
-    assert any((storage / "mlartifacts" / "chars").rglob("study_spec.json"))  # artifacts in the storage
+# A study under a path with every other character runs to the end: tests/test_records.py's ASHA study.
 
 
 # --- deeply nested JSON ----------------------------------------------------------------------------------
