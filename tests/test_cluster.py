@@ -588,11 +588,12 @@ def test_local_autoscaling_rehearsal(tmp_path, s3):
     spec = json.loads(json.dumps(SMOKE))
     spec["name"] = "smoke_gpu"
     # what is rehearsed is the cluster (nodes added for the trials, and removed), not the training:
-    # one report a trial, no sparsity meter
+    # one cell of two trials, one at a time, one report a trial, no sparsity meter
+    spec["grid"] = {"task.params.train_length": [8]}
     spec["base"]["optim"]["steps"] = 20
     del spec["base"]["sparsity"]
     spec["resources"] = {"workers_per_trial": 1, "cpus_per_worker": 1, "gpus_per_worker": 1,
-                         "max_concurrent_trials": 2, "max_failures": 0}  # a retry would hide a failure
+                         "max_concurrent_trials": 1, "max_failures": 0}  # a retry would hide a failure
     (work / "search_spaces" / "smoke_gpu.yaml").write_text(yaml.safe_dump(spec))
 
     ray_tmp = tempfile.mkdtemp(prefix="rayf", dir="/tmp")  # short: Ray's socket paths are limited
@@ -658,7 +659,7 @@ def test_local_autoscaling_rehearsal(tmp_path, s3):
     # the study's record: a parent run and one FINISHED child run per trial
     _, parents, children = mlflow_runs(db, "smoke_gpu")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert len(children) == 2 and all(c.info.status == "FINISHED" for c in children)
     keys = bucket_keys(s3, "rehearsal/")
     assert "rehearsal/smoke_gpu/results.csv" in keys  # the report, Tune's state and the checkpoints:
     assert any(k.startswith("rehearsal/smoke_gpu/tune/experiment_state") for k in keys)  # in the bucket
