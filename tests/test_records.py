@@ -448,9 +448,32 @@ def test_an_mlflow_server_down_mid_study_loses_nothing(tmp_path):
     assert pd.read_csv(tmp_path / "second" / "outage" / "results.csv").trial_id.nunique() == 1
 
 
+def earlier_study(storage: Path, name: str) -> None:
+    """A finished study's folder and MLflow record in `storage`, its parent and child runs with params,
+    metric histories, tags and artifacts in `storage/mlartifacts`."""
+    from mlflow.tracking import MlflowClient
+
+    folder = storage / name
+    folder.mkdir(parents=True)
+    (folder / "results.csv").write_text("trial_id,val_exact\nt1,0.9\n")
+    (folder / "report.json").write_text('{"files": ["results.csv"]}')
+    client = MlflowClient(f"sqlite:///{storage / 'mlflow.db'}")
+    experiment = client.create_experiment(name, artifact_location=str(storage / "mlartifacts" / name))
+    parent = client.create_run(experiment, tags={"study.location": str(folder)}).info.run_id
+    child = client.create_run(experiment, tags={"mlflow.parentRunId": parent, "cell": "train_length=8"}).info.run_id
+    client.log_param(child, "optim.lr", 0.003)
+    for step in (10, 20):
+        client.log_metric(child, "val_loss", 1 / step, step=step)
+    client.log_artifact(parent, str(folder / "results.csv"))
+    for run_id in (child, parent):
+        client.set_terminated(run_id)
+
+
 def test_a_full_disk_is_a_clear_error_and_earlier_results_stay_intact(tmp_path):
-    """The study folder's disk (a 24 MiB tmpfs) fills up during a second study: it ends naming
-    --storage and the full disk, and the first study's files and MLflow runs are as they were."""
+    """The study folder's disk (a 24 MiB tmpfs) fills up during a study: it ends naming --storage and
+    the full disk, and an earlier study's files and MLflow runs are as they were. The earlier study's
+    record is written here as a study writes one (a parent run, a child run, metrics, artifacts): what
+    is checked is that nothing of it changes, byte for byte."""
     disk = tmp_path / "disk"
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(disk)],
@@ -459,10 +482,8 @@ def test_a_full_disk_is_a_clear_error_and_earlier_results_stay_intact(tmp_path):
         pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
     try:
         small = {"grid": {"task.params.train_length": [8]}, "base/sparsity": None}
-        first = write_spec(tmp_path, name="first", **small)
         storage = disk / "studies"
-        out = run(["--space", str(first), "--storage", str(storage)])
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        earlier_study(storage, "first")
         files = {p.name: p.read_bytes() for p in (storage / "first").iterdir() if p.is_file()}
         before = record_of(storage / "mlflow.db", "first")
         big = write_spec(tmp_path, name="second", **small, **{"base/model": {"d_model": 256, "n_layers": 4, "n_heads": 4},
