@@ -245,6 +245,14 @@ def test_one_driver_per_study_and_a_killed_drivers_lock_is_taken_over(tmp_path, 
         out, err = resumed.communicate(timeout=120)
     assert resumed.returncode == 130, out[-3000:] + err[-3000:]
     assert not lock.exists()
+    # Ctrl-C (SIGINT to the terminal's foreground group) stops the trials, saves the experiment and
+    # ends KILLED, with no results presented as the study's outcome (SIGTERM: tests/test_study.py)
+    assert "--resume" in err and "Traceback" not in err, err[-3000:]
+    _, parents, children = mlflow_runs(storage / "mlflow.db", "locked")
+    assert [p.info.status for p in parents] == ["KILLED"]
+    assert children and all(c.info.status == "KILLED" for c in children), [c.info.status for c in children]
+    assert not (storage / "locked" / "results.csv").exists() and not (storage / "locked" / "summary.csv").exists()
+    assert "results:" not in out and (storage / "locked" / "tune").is_dir()  # what --resume continues
 
 
 def held_by(lock: Path, pid: int) -> bool:
