@@ -75,6 +75,8 @@ class ModelConfig:
     position_head: bool = False  # PPC: predict the next token's position id
     position_target: PositionTarget = "absolute"
     rope_base: float = 10000.0
+    # t5_bias: T5's decoder buckets (keys whose id is above the query's share bucket 0) or its encoder's
+    t5_buckets: Literal["one_sided", "two_sided"] = "one_sided"
     # attention locality in id space: the first `id_window_heads` heads (all when None) see only
     # keys whose id is within id_window of the query's id; None = every head sees every key
     id_window: int | None = None

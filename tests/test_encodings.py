@@ -123,6 +123,26 @@ def test_t5_buckets_are_exact_then_log_spaced_then_clamped():
     assert (b[1:] >= b[:-1]).all() and int(b.max()) == 31
 
 
+def test_two_sided_t5_buckets_are_t5_encoders():
+    """T5's bidirectional bucketing (HF's _relative_position_bucket, bidirectional=True), worked by hand:
+    16 buckets a side, 8 exact, then 8 + floor(8 log(d/8) / log(128/8)); keys ahead of the query
+    (n = id_q - id_k < 0) take buckets 16-31."""
+    bucket = lambda n: int(t5_bucket(torch.tensor(n), two_sided=True))  # noqa: E731
+    expected = {0: 0, 1: 1, 7: 7, 8: 8, 16: 10, 32: 12, 127: 15, 10_000: 15,
+                -1: 17, -7: 23, -8: 24, -16: 26, -127: 31, -10_000: 31}
+    assert {n: bucket(n) for n in expected} == expected
+    n = torch.arange(-400, 400)
+    b = t5_bucket(n, two_sided=True)
+    assert int(b.min()) == 0 and int(b.max()) == 31 and len(set(b[n < 0].tolist()) & set(b[n >= 0].tolist())) == 0
+
+
+def test_t5_bias_buckets_follow_the_config():
+    one, two = make("t5_bias").pos_emb, make("t5_bias", t5_buckets="two_sided").pos_emb
+    ahead = lambda enc, d: enc.score_bias(torch.tensor([[5]]), torch.tensor([[5 + d]]), torch.float32)  # noqa: E731
+    assert torch.equal(ahead(one, 1), ahead(one, 3))  # one-sided: every key ahead is in bucket 0
+    assert not torch.equal(ahead(two, 1), ahead(two, 3))
+
+
 def test_t5_bias_is_a_scalar_per_head_per_bucket_of_the_distance():
     enc = make("t5_bias").pos_emb
     q, k = pairs(top=300)

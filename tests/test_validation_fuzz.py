@@ -386,6 +386,8 @@ def _trial_field_mutations() -> list[tuple[str, object]]:
         ("positional.id_window", put("positional.id_window", -1)),
         # id-local heads without the window they use (the cross-field check)
         ("positional.id_window_heads", lambda c: _positional(c, id_window=None, id_window_heads=1)),
+        # two-sided buckets on an encoding without T5's bias (the cross-field check)
+        ("positional.t5_buckets", put("positional.t5_buckets", "two_sided")),
         ("positional.init_std", put("positional.init_std", 0)),
         ("positional.frozen", put("positional.frozen", "sometimes")),
         ("positional.abacus", put("positional.abacus", "sometimes")),

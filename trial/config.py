@@ -68,6 +68,9 @@ class PositionalSpec(Strict):
         ModelConfig.id_window, ge=0, description="attention locality: heads see only keys with |id_q - id_k| <= id_window")
     id_window_heads: int | None = Field(
         ModelConfig.id_window_heads, ge=1, description="how many heads are id-local (default: all); the rest see every key")
+    t5_buckets: Literal["one_sided", "two_sided"] = Field(
+        ModelConfig.t5_buckets, description="t5_bias: T5's decoder buckets (one_sided: keys whose id is above the "
+        "query's share one) or its encoder's (two_sided), which coupled ids' keys ahead of the query need")
     init_std: float = Field(
         ModelConfig.pos_init_std, gt=0, le=100, description="learned encoding: initial std of the position-embedding table")
     frozen: bool = Field(ModelConfig.pos_frozen, description="learned encoding: keep the table at its random init")
@@ -85,6 +88,13 @@ class PositionalSpec(Strict):
         for name in ("abacus_max_offset", "abacus_offset", "abacus_norm", "abacus_init_std"):
             if not self.abacus and getattr(self, name) != getattr(ModelConfig, name):
                 raise ValueError(f"{name}: shapes the Abacus embedding, which only abacus: true adds")
+        return self
+
+    @model_validator(mode="after")
+    def _bucket_option_needs_t5_bias(self) -> PositionalSpec:
+        if self.t5_buckets != ModelConfig.t5_buckets and self.encoding != "t5_bias":
+            raise ValueError(f"t5_buckets: shapes T5's relative bias, which only encoding: t5_bias has "
+                             f"(encoding is {self.encoding!r})")
         return self
 
     @model_validator(mode="after")
