@@ -15,6 +15,7 @@ import urllib.request
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 from conftest import debian_package
 from test_study import BIN, ENV, MLFLOW_SERVER_ENV, ROOT, SMOKE, free_port, mlflow_runs, run, write_spec
@@ -23,6 +24,7 @@ from study.experiment.search import CellSearcher
 from study.results.selection import standard_error
 from study.results.tables import mean_and_range, results_frame, select, summarize_seeds
 from study.spec.schema import StudySpec
+from trial.host import kernels
 from trial.loop import summarize
 
 
@@ -159,6 +161,7 @@ def test_the_mlflow_record_reads_without_a_guide(replicated):
         assert tags["role"] in ("search", "replica") and tags["mlflow.source.git.commit"]
         assert (tags["selected"] == "true") == (tags["tune.trial_id"] in set(selected.trial_id))
         assert "acc_at_len24/k2" in c.data.metrics
+        assert tags["host.kernels"] == kernels(torch.device("cpu"))  # the path its numbers were computed on
         assert "accuracy_vs_length.png" in {a.path for a in client.list_artifacts(c.info.run_id)}
     assert parent.data.metrics["cell0/seeds"] == 2
 

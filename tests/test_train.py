@@ -1,6 +1,7 @@
 """The training loop with real DeepSpeed engines (gloo on CPU), its config and evaluation."""
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from trial.config import TrialConfig
+from trial.host import kernels
 from trial.loop import train_loop_per_worker
 from trial.metrics import is_timing
 from trial.yaml_io import describe_errors
@@ -93,6 +95,18 @@ def test_same_config_and_seed_same_metrics():
     strip = lambda m: {k: v for k, v in m.items() if not is_timing(k)}  # noqa: E731
     assert strip(a["metrics"]) == strip(b["metrics"]) and a["records"] == b["records"]
     assert a["metrics"]["val_loss"] != c["metrics"]["val_loss"]
+    assert a["metrics"]["host/kernels"] == kernels(torch.device("cpu"))
+
+
+def test_the_kernel_path_is_the_one_pytorch_dispatches_to():
+    """One seed gives the same metrics on one kernel path, another draw on another (docs/trial.md):
+    the record names the path PyTorch took, which ATEN_CPU_CAPABILITY forces to another here."""
+    here = kernels(torch.device("cpu"))
+    assert here.startswith(f"cpu {torch.backends.cpu.get_cpu_capability()} ") and torch.__version__ in here
+    forced = subprocess.run([sys.executable, "-c", "import torch; from trial.host import kernels; "
+                             "print(kernels(torch.device('cpu')))"], env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert forced.stdout.startswith("cpu DEFAULT "), forced.stdout + forced.stderr[-2000:]
 
 
 def test_data_workers_make_the_same_batches_as_the_training_process():

@@ -114,6 +114,7 @@ def test_a_study_recorded_by_wandb_offline_has_a_parent_and_a_run_per_trial(tmp_
         assert points[-1][1] == pytest.approx(row[metric]), (points, row[metric])
         assert any(h.get("eval/records/_type") == "table-file" for h in run["history"]), "no evaluation points"
         assert run["summary"]["status"] == "FINISHED" and run["exit_code"] == 0 and run["summary"]["checkpoint"]
+        assert run["summary"]["host/kernels"].startswith("cpu ")
 
     # the selection, the claim's verdict and the report on the parent
     from study.spec.schema import load_spec

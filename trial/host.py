@@ -1,10 +1,12 @@
-"""The host's matrix-product rates: a trial's time follows them more than anything in this code, so
-every trial reports them (`host/matmul_gflops_fp32`, `host/matmul_gflops_bf16`: one thread of its
-CPU, or its GPU) and a run's time is read against another host's with them; benchmarks/ reads the
-same function."""
+"""The host's matrix-product rates and kernel path. A trial's time follows the rates more than anything
+in this code, so every trial reports them (`host/matmul_gflops_fp32`, `host/matmul_gflops_bf16`: one
+thread of its CPU, or its GPU) and a run's time is read against another host's with them; benchmarks/
+reads the same function. Its numbers follow the kernel path (`host/kernels`): one spec and seed give
+the same metrics to the bit on one path, and another draw on another (docs/trial.md)."""
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 
@@ -33,3 +35,21 @@ def host_rates(device: torch.device) -> dict[str, float]:
     trial runs with), as a trial's metrics; about half a second on one core."""
     return {f"host/matmul_gflops_{name}": round(1000 * matmul_tflops(device, dtype, n=1024, repeats=5), 1)
             for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+
+
+def kernels(device: torch.device) -> str:
+    """The path a trial's arithmetic takes: the device, the kernels PyTorch dispatches to on it (a
+    CPU's vector width, a GPU's architecture and CUDA) and PyTorch's version."""
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return f"cuda {p.name} sm_{p.major}{p.minor}, CUDA {torch.version.cuda}, torch {torch.__version__}"
+    return f"cpu {torch.backends.cpu.get_cpu_capability()} {cpu_model()}, torch {torch.__version__}"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()

@@ -31,7 +31,7 @@ from trial.evaluate import (
     validate,
     with_places,
 )
-from trial.host import host_rates
+from trial.host import host_rates, kernels
 from trial.session import LocalSession, Session, import_deepspeed, setup_distributed
 from trial.staging import checkpoint_staging, remove_abandoned
 
@@ -247,6 +247,7 @@ def train_loop_per_worker(config: dict | TrialConfig, session: Session | None = 
         metrics.update(found)
     metrics["time/eval_s"] += time.time() - t  # the evaluation points and the analyses: measuring is evaluating
     metrics.update(host_rates(device))  # what the trial's time is read against on another host
+    metrics["host/kernels"] = kernels(device)  # what its numbers are read against on another host
     _report(session, engine, {**metrics, "eval_records": records, **extra}, cfg.optim.steps, cfg, final=True,
             best=best)
     return {"metrics": metrics, "records": records}

@@ -36,7 +36,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("tokens_per_s", "every", timing=True),
     Metric("time/*", "every", timing=True),
     Metric("startup/*", "every", timing=True),
-    Metric("host/*", "end", timing=True, doc="the host's matmul rates (trial/host.py)"),
+    Metric("host/*", "end", timing=True, doc="the host's matmul rates and (a tag) kernel path (trial/host.py)"),
     # the evaluation points, summarized for the model's own ids (trial/loop.py `summarize`)
     Metric("acc_in_dist", "end", True, doc="answer accuracy at lengths and k <= the training ones"),
     Metric("exact_in_dist", "end", True),

@@ -132,6 +132,8 @@ class WandbRecorder(Lookups):
             row["eval/records"] = wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows],
                                               allow_mixed_types=True)
         run.log({**row, "step": int(result.get("step", result.get("training_iteration", 0)))})
+        if isinstance(result.get("host/kernels"), str):  # a path, not a quantity: the run's summary
+            run.summary["host/kernels"] = result["host/kernels"]
 
     def trial_checkpoint(self, trial: TrialInfo, uri: str) -> None:
         self._run(trial).summary["checkpoint"] = uri
