@@ -413,8 +413,11 @@ def test_the_model_is_built_from_every_architecture_field_of_the_trial_config():
     # an encoder has no position head, so its field is set in a config of its own
     encoder = TrialConfig.model_validate(config(model={"output": "encoder"}))
     assert encoder.architecture(vocab_size=7).output == "encoder" != ModelConfig(vocab_size=7).output
+    # T5's buckets need T5's bias, so they are set in a config of their own too
+    t5 = TrialConfig.model_validate(config(positional={"encoding": "t5_bias", "t5_buckets": "two_sided"}))
+    assert t5.architecture(vocab_size=7).t5_buckets == "two_sided" != ModelConfig(vocab_size=7).t5_buckets
     # every field of the model is set from the trial config, but rope_base (not a trial option)
-    assert {f.name for f in dataclasses.fields(ModelConfig)} - set(expected) == {"rope_base", "output"}
+    assert {f.name for f in dataclasses.fields(ModelConfig)} - set(expected) == {"rope_base", "output", "t5_buckets"}
     assert all(getattr(defaults, k) != v for k, v in expected.items() if k not in ("encoding", "vocab_size"))  # the values moved
     assert set(MODEL_FIELD_NAMES.values()) <= set(expected)
     # the parameter bound counts exactly what is built (on the meta device, layer by layer)

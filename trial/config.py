@@ -93,8 +93,8 @@ class PositionalSpec(Strict):
     @model_validator(mode="after")
     def _bucket_option_needs_t5_bias(self) -> PositionalSpec:
         if self.t5_buckets != ModelConfig.t5_buckets and self.encoding != "t5_bias":
-            raise ValueError(f"t5_buckets: shapes T5's relative bias, which only encoding: t5_bias has "
-                             f"(encoding is {self.encoding!r})")
+            raise ValueError(f"t5_buckets: shapes T5's relative bias, which positional.encoding {self.encoding!r} "
+                             "does not have (only t5_bias does)")
         return self
 
     @model_validator(mode="after")

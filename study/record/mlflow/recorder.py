@@ -285,8 +285,6 @@ class MlflowRecorder(Lookups):
         if result.get("eval_records"):
             metrics += extrapolation_metrics(result["eval_records"], now)
         log_final_artifacts(self.client, run_id, result, trial.config)
-        if isinstance(result.get("host/kernels"), str):  # a path, not a quantity: a tag, searchable
-            self.client.set_tag(run_id, "host.kernels", result["host/kernels"])
         for i in range(0, len(metrics), 900):
             self.client.log_batch(run_id, metrics=metrics[i : i + 900])
 

@@ -18,7 +18,9 @@ from mlflow.entities import Metric
 
 
 def log_final_artifacts(client, run_id: str, result: dict, trial_config: dict) -> None:
-    """The tables and figures of a trial's last report (none in earlier reports)."""
+    """The tables, figures and kernel-path tag of a trial's last report (none in earlier reports)."""
+    if isinstance(result.get("host/kernels"), str):  # a path, not a quantity: a tag, searchable
+        client.set_tag(run_id, "host.kernels", result["host/kernels"])
     records = result.get("eval_records")
     if records:
         client.log_text(run_id, records_csv(records), "eval/records.csv")
