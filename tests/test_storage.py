@@ -315,7 +315,7 @@ def test_a_bucket_unreachable_mid_study_loses_nothing(s3, tmp_path):
         bucket["client"].create_bucket(Bucket="studies")
         env = {**env_of(s3), "AWS_ENDPOINT_URL": relay.url, "STUDY_STORAGE_WAIT_S": "45"}
         name = "outage"
-        spec = write_spec(tmp_path, **{"name": name, "base/optim/steps": 60, "base/eval/every_steps": 20,
+        spec = write_spec(tmp_path, **{"name": name, "base/optim/steps": 160, "base/eval/every_steps": 40,
                                        "base/sparsity": None})
         db = tmp_path / "ml.db"
         storage = "s3://studies/outages"
